@@ -1,0 +1,1 @@
+"""The Spark-facing exactly-once Parquet sink (built on :mod:`logstore`)."""

@@ -1,0 +1,50 @@
+"""Exceptions raised by the log store.
+
+Every message names what it is about: the segment file, the epoch and the vnodes involved, and says what to do.
+"""
+
+from __future__ import annotations
+
+
+class LogStoreError(Exception):
+    """Base class of every log store error."""
+
+
+class SegmentError(LogStoreError):
+    """A sealed segment file cannot be read back as it was written."""
+
+
+class SegmentCorruptError(SegmentError):
+    """A segment file's bytes do not match its checksum, or the file is shorter than recorded."""
+
+
+class SegmentMissingError(SegmentError, FileNotFoundError):
+    """A segment file named by a sealed epoch is not in the log store."""
+
+
+class InvalidSegmentInputError(LogStoreError, ValueError):
+    """Rows handed to append cannot be stored (bad vnode column, vnode out of range, unsupported type)."""
+
+
+class EpochSealedError(LogStoreError):
+    """An append or seal targets an epoch that is already sealed."""
+
+
+class EpochOrderError(LogStoreError):
+    """An epoch is sealed below the last sealed epoch."""
+
+
+class EpochNotSealedError(LogStoreError):
+    """A read or truncate goes past the last sealed epoch."""
+
+
+class TruncatedRangeError(LogStoreError):
+    """A read asks for epochs that a vnode's truncate point has already released."""
+
+
+class TruncateOrderError(LogStoreError):
+    """A truncate would move a vnode's truncate point backwards."""
+
+
+class StateMismatchError(LogStoreError):
+    """The state database belongs to a log store with a different vnode count or location."""

@@ -1,0 +1,443 @@
+"""The log store: a durable queue of sealed epochs per vnode.
+
+Segment files hold the rows (see :mod:`logstore.segment`); the state database records which segments each
+sealed epoch consists of and, per vnode, the truncate point below which data has been released. Sealing an
+epoch, moving truncate points and pruning metadata are each one SQLite transaction, and each can run inside a
+larger transaction of the caller's (``db.atomic()`` nests as a savepoint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import sqlite_utils
+
+from . import segment
+from .append import AppendTarget, append_segment
+from .errors import (
+    EpochNotSealedError,
+    EpochOrderError,
+    EpochSealedError,
+    SegmentCorruptError,
+    SegmentError,
+    SegmentMissingError,
+    StateMismatchError,
+    TruncatedRangeError,
+    TruncateOrderError,
+)
+from .failpoints import failpoint
+from .segment import Block, SegmentDescriptor, describe_vnodes
+from .statedb import STATE_DB_NAME, apply_migrations, connect, migrations
+from .storage import LogLocation
+
+DEFAULT_VNODES = 256
+NOTHING = -1
+"""The epoch value meaning "none yet" for last sealed epochs and truncate points."""
+
+
+class LogBatch(NamedTuple):
+    """Rows read back from the log: one block of one vnode from one segment."""
+
+    vnode: int
+    epoch: int
+    segment: str
+    batch: pa.RecordBatch
+
+
+@dataclass(frozen=True)
+class VnodeBacklog:
+    """What a vnode holds above its truncate point."""
+
+    vnode: int
+    truncated_epoch: int
+    rows: int
+    bytes: int
+    epochs: int
+    """Number of sealed epochs with rows for this vnode above the truncate point."""
+    first_epoch: int | None
+    """Oldest such epoch (None when the vnode holds nothing)."""
+    first_sealed_at: float | None
+    """Unix time at which ``first_epoch`` was sealed."""
+
+
+@dataclass
+class GarbageReport:
+    """What :meth:`LogStore.collect_garbage` removed."""
+
+    released_segments: int = 0
+    """Sealed segments every vnode has truncated past."""
+    orphan_segments: int = 0
+    """Segment files no sealed epoch names (failed or duplicate task attempts, crashes before seal)."""
+    temp_files: int = 0
+    bytes_freed: int = 0
+    epochs_pruned: int = 0
+
+
+class LogStore:
+    """Driver-side handle on one log store and its state database."""
+
+    def __init__(
+        self,
+        db: sqlite_utils.Database,
+        location: LogLocation | str,
+        *,
+        vnodes: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(location, str):
+            location = LogLocation(location, dict(storage_options or {}))
+        if vnodes is not None and not (isinstance(vnodes, int) and 0 < vnodes <= 2**15):
+            raise ValueError(f"vnodes must be an integer from 1 to 32768, not {vnodes!r}")
+        self.db = db
+        self.location = location
+        self._where = f"log store {location.canonical}"
+        apply_migrations(db, migrations, where=self._where)
+        row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
+        if row is None:
+            row = (uuid.uuid4().hex, vnodes or DEFAULT_VNODES, location.canonical)
+            with db.atomic():
+                db.execute(
+                    "INSERT INTO log_store (id, sink_id, vnodes, location, created_at) "
+                    "VALUES (1, ?, ?, ?, datetime('now'))",
+                    row,
+                )
+                db.conn.executemany("INSERT INTO log_vnodes (vnode) VALUES (?)", ((v,) for v in range(row[1])))
+        sink_id, recorded_vnodes, recorded_location = row
+        if vnodes is not None and vnodes != recorded_vnodes:
+            raise StateMismatchError(
+                f"{self._where}: the state database was created with {recorded_vnodes} vnodes, not {vnodes}. "
+                "The vnode count is fixed when a sink is created; open it with vnodes="
+                f"{recorded_vnodes} (or leave it unset), or use a new state directory."
+            )
+        if recorded_location != location.canonical:
+            raise StateMismatchError(
+                f"the state database belongs to the log store at {recorded_location}, not {location.canonical}. "
+                "Open it with the location it was created with, or use a new state directory."
+            )
+        self.sink_id: str = sink_id
+        self.vnodes: int = recorded_vnodes
+        self.storage = location.open()
+        self.target = AppendTarget(location, self.vnodes, self.sink_id)
+
+    @classmethod
+    def open(
+        cls,
+        state_dir: str | Path,
+        location: str | None = None,
+        *,
+        vnodes: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> LogStore:
+        """Open the log store of ``state_dir`` (created on first use); segments default to ``state_dir/log``."""
+        db = connect(Path(state_dir) / STATE_DB_NAME)
+        return cls(db, location or str(Path(state_dir) / "log"), vnodes=vnodes, storage_options=storage_options)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- queries -------------------------------------------------------------------------------------
+
+    @property
+    def last_sealed_epoch(self) -> int:
+        """The highest sealed epoch, or -1 if none."""
+        value: int = self.db.execute("SELECT last_sealed_epoch FROM log_store").fetchone()[0]
+        return value
+
+    def sealed_epochs(self) -> list[int]:
+        """Sealed epochs still recorded (epochs below every truncate point are pruned by garbage collection)."""
+        return [r[0] for r in self.db.execute("SELECT epoch FROM log_epochs ORDER BY epoch")]
+
+    def truncate_points(self) -> dict[int, int]:
+        return dict(self.db.execute("SELECT vnode, truncated_epoch FROM log_vnodes ORDER BY vnode").fetchall())
+
+    def segments(self, epoch: int | None = None) -> list[str]:
+        """Names (relative to the log root) of the sealed segments still held, optionally for one epoch."""
+        if epoch is None:
+            return [r[0] for r in self.db.execute("SELECT name FROM log_segments ORDER BY name")]
+        return [r[0] for r in self.db.execute("SELECT name FROM log_segments WHERE epoch = ? ORDER BY name", (epoch,))]
+
+    def backlog(self) -> list[VnodeBacklog]:
+        """Per vnode: rows, bytes and epochs held above its truncate point."""
+        rows = self.db.execute(
+            """
+            SELECT b.*, (SELECT sealed_at FROM log_epochs e WHERE e.epoch = b.first_epoch) FROM (
+                SELECT v.vnode, v.truncated_epoch, COALESCE(SUM(sv.rows), 0), COALESCE(SUM(sv.bytes), 0),
+                       COUNT(DISTINCT sv.epoch), MIN(sv.epoch) AS first_epoch
+                FROM log_vnodes v
+                LEFT JOIN log_segment_vnodes sv ON sv.vnode = v.vnode AND sv.epoch > v.truncated_epoch
+                GROUP BY v.vnode
+            ) b ORDER BY b.vnode
+            """
+        ).fetchall()
+        return [VnodeBacklog(*r) for r in rows]
+
+    # -- append and seal -----------------------------------------------------------------------------
+
+    def append(self, epoch: int, data: Any, *, writer_id: str = "driver") -> SegmentDescriptor | None:
+        """Append from the driver (tasks call :func:`logstore.append_segment` with :attr:`target`)."""
+        self._check_unsealed(epoch, "append to")
+        return append_segment(self.target, epoch, data, writer_id=writer_id)
+
+    def _check_unsealed(self, epoch: int, action: str) -> None:
+        last = self.last_sealed_epoch
+        if epoch == last or self.db.execute("SELECT 1 FROM log_epochs WHERE epoch = ?", (epoch,)).fetchone():
+            raise EpochSealedError(
+                f"cannot {action} epoch {epoch}: it is already sealed in {self._where}. A replayed batch must "
+                "skip its append (compare the batch id with last_sealed_epoch first)."
+            )
+        if epoch < last:
+            raise EpochOrderError(
+                f"cannot {action} epoch {epoch}: epoch {last} is already sealed in {self._where}, and epochs "
+                "must increase. This happens when the query's checkpoint was reset or deleted, or when two "
+                "queries write to one state directory; give the query a new state directory or restore its "
+                "checkpoint."
+            )
+
+    def seal(self, epoch: int, descriptors: Iterable[SegmentDescriptor | None]) -> None:
+        """Record ``epoch`` and its segments in one transaction: the checkpoint of the log store.
+
+        Every descriptor must come from :func:`append_segment` for this epoch, and its file must be in the
+        log store with the recorded size. Segments of the epoch that are not listed become garbage.
+        """
+        if epoch < 0:
+            raise ValueError(f"epoch {epoch} is negative; epochs are Spark batch ids (0, 1, 2, ...)")
+        descs = [d for d in descriptors if d is not None]
+        self._check_unsealed(epoch, "seal")
+        self._check_descriptors(epoch, descs)
+        with self.db.atomic():
+            self._check_unsealed(epoch, "seal")  # again, under the write transaction
+            self.db.execute(
+                "INSERT INTO log_epochs (epoch, segments, rows, bytes, sealed_at) VALUES (?, ?, ?, ?, ?)",
+                (epoch, len(descs), sum(d.rows for d in descs), sum(d.size for d in descs), time.time()),
+            )
+            for d in descs:
+                cursor = self.db.execute(
+                    "INSERT INTO log_segments (epoch, name, size, schema_block, schema_bytes) VALUES (?, ?, ?, ?, ?)",
+                    (epoch, d.name, d.size, json.dumps(d.schema.to_json()), d.schema_bytes),
+                )
+                segment_id = cursor.lastrowid
+                self.db.conn.executemany(
+                    "INSERT INTO log_segment_vnodes (vnode, epoch, segment_id, rows, bytes, blocks) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        (r.vnode, epoch, segment_id, r.rows, r.bytes, json.dumps([b.to_json() for b in r.blocks]))
+                        for r in d.runs
+                    ],
+                )
+            self.db.execute("UPDATE log_store SET last_sealed_epoch = ?", (epoch,))
+            failpoint("logstore.seal.before_commit")
+        failpoint("logstore.seal.after_commit")
+
+    def _check_descriptors(self, epoch: int, descs: list[SegmentDescriptor]) -> None:
+        names = [d.name for d in descs]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"seal of epoch {epoch}: segment {dup} is listed twice")
+        prefix = segment.epoch_dir(epoch) + "/"
+        for d in descs:
+            if d.epoch != epoch or not d.name.startswith(prefix):
+                raise ValueError(f"seal of epoch {epoch}: segment {d.name} was appended for epoch {d.epoch}")
+            if d.sink_id != self.sink_id:
+                raise ValueError(
+                    f"seal of epoch {epoch}: segment {d.name} was appended for sink {d.sink_id!r}, "
+                    f"not this one ({self.sink_id})"
+                )
+            bad = [v for v in d.vnodes if not 0 <= v < self.vnodes]
+            if bad:
+                raise ValueError(
+                    f"seal of epoch {epoch}: segment {d.name} has vnodes {bad} outside 0..{self.vnodes - 1}"
+                )
+        if not descs:
+            return
+        present = dict(self.storage.list_files(segment.epoch_dir(epoch)))
+        for d in descs:
+            size = present.get(d.name)
+            where = f"{self.storage.display(d.name)} (epoch {epoch}, vnodes {describe_vnodes(d.vnodes)})"
+            if size is None:
+                raise SegmentMissingError(f"cannot seal epoch {epoch}: segment {where} is not in the log store")
+            if size != d.size:
+                raise SegmentCorruptError(
+                    f"cannot seal epoch {epoch}: segment {where} has {size} bytes, its writer recorded {d.size}"
+                )
+
+    # -- read ----------------------------------------------------------------------------------------
+
+    def read(self, vnodes: range, after_epoch: int, up_to_epoch: int) -> Iterator[LogBatch]:
+        """Stream the rows of ``vnodes`` for the epochs in ``(after_epoch, up_to_epoch]``.
+
+        Order: vnode, epoch, segment name, row. Memory is bounded by one block (see ``max_block_bytes``).
+        Arguments are checked before this returns; a damaged segment raises :class:`SegmentError` naming the
+        file, epoch and vnodes when its turn comes, never skipped.
+        """
+        if vnodes.step != 1 or vnodes.start < 0 or vnodes.stop > self.vnodes:
+            raise ValueError(f"vnode range {vnodes} must be contiguous within 0..{self.vnodes - 1}")
+        if after_epoch > up_to_epoch:
+            raise ValueError(f"read of epochs ({after_epoch}, {up_to_epoch}]: the range is reversed")
+        last = self.last_sealed_epoch
+        if up_to_epoch > last:
+            raise EpochNotSealedError(
+                f"cannot read up to epoch {up_to_epoch}: the last sealed epoch of {self._where} is {last}"
+            )
+        released = self.db.execute(
+            "SELECT vnode, truncated_epoch FROM log_vnodes WHERE vnode >= ? AND vnode < ? AND truncated_epoch > ? "
+            "ORDER BY vnode",
+            (vnodes.start, vnodes.stop, after_epoch),
+        ).fetchall()
+        if released:
+            shown = ", ".join(f"vnode {v} up to epoch {e}" for v, e in released[:5])
+            raise TruncatedRangeError(
+                f"cannot read vnodes {vnodes.start}..{vnodes.stop - 1} after epoch {after_epoch} from "
+                f"{self._where}: that data was already released by truncation ({shown}"
+                f"{', ...' if len(released) > 5 else ''}); read after each vnode's truncate point instead"
+            )
+        rows = self.db.execute(
+            """
+            SELECT sv.vnode, sv.epoch, s.segment_id, s.name, s.schema_bytes, sv.blocks
+            FROM log_segment_vnodes sv JOIN log_segments s ON s.segment_id = sv.segment_id
+            WHERE sv.vnode >= ? AND sv.vnode < ? AND sv.epoch > ? AND sv.epoch <= ?
+            ORDER BY sv.vnode, sv.epoch, s.name
+            """,
+            (vnodes.start, vnodes.stop, after_epoch, up_to_epoch),
+        ).fetchall()
+        return self._read_rows(rows)
+
+    def _read_rows(self, rows: list[tuple[Any, ...]]) -> Iterator[LogBatch]:
+        schemas: dict[bytes, pa.Schema] = {}
+        for vnode, epoch, segment_id, name, schema_bytes, blocks_json in rows:
+            schema = schemas.get(schema_bytes)
+            if schema is None:
+                schema = schemas[schema_bytes] = segment.decode_schema(schema_bytes)
+            for block in map(Block.from_json, json.loads(blocks_json)):
+                where = self._describe_segment(segment_id, name, epoch)
+                try:
+                    data = self.storage.read_range(name, block.offset, block.length)
+                except FileNotFoundError as e:
+                    raise SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing") from e
+                segment.check_block(data, block, where=f"segment {where()}")
+                try:
+                    batch = segment.decode_block(data, schema)
+                except (pa.ArrowInvalid, OSError) as e:
+                    raise SegmentCorruptError(f"segment {where()}: block at offset {block.offset}: {e}") from e
+                yield LogBatch(vnode, epoch, name, batch)
+
+    def _describe_segment(self, segment_id: int, name: str, epoch: int) -> Any:
+        def describe() -> str:
+            vnodes = [
+                r[0]
+                for r in self.db.execute(
+                    "SELECT vnode FROM log_segment_vnodes WHERE segment_id = ? ORDER BY vnode", (segment_id,)
+                )
+            ]
+            return f"{self.storage.display(name)} (epoch {epoch}, vnodes {describe_vnodes(vnodes)})"
+
+        return describe
+
+    def verify(self) -> list[SegmentError]:
+        """Read every held segment file whole and check it against its seal record; return the problems."""
+        problems: list[SegmentError] = []
+        for segment_id, name, epoch, size in self.db.execute(
+            "SELECT segment_id, name, epoch, size FROM log_segments ORDER BY epoch, name"
+        ).fetchall():
+            where = self._describe_segment(segment_id, name, epoch)
+            try:
+                data = self.storage.read_all(name)
+            except FileNotFoundError:
+                problems.append(SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing"))
+                continue
+            try:
+                if len(data) != size:
+                    raise SegmentCorruptError(f"{where()}: {len(data)} bytes, sealed with {size}")
+                segment.parse_file(data, where=where())
+            except SegmentCorruptError as e:
+                problems.append(e)
+        return problems
+
+    # -- truncate and garbage collection -------------------------------------------------------------
+
+    def truncate(self, points: Mapping[int, int]) -> None:
+        """Release, per vnode, every epoch up to and including the given one (one transaction)."""
+        with self.db.atomic():
+            last = self.last_sealed_epoch
+            current = self.truncate_points()
+            for vnode, epoch in points.items():
+                if vnode not in current:
+                    raise ValueError(f"truncate: vnode {vnode} is outside 0..{self.vnodes - 1}")
+                if epoch > last:
+                    raise EpochNotSealedError(
+                        f"cannot truncate vnode {vnode} to epoch {epoch}: the last sealed epoch of "
+                        f"{self._where} is {last}"
+                    )
+                if epoch < current[vnode]:
+                    raise TruncateOrderError(
+                        f"cannot truncate vnode {vnode} to epoch {epoch}: it is already truncated to epoch "
+                        f"{current[vnode]}, and truncate points only move forward"
+                    )
+            self.db.conn.executemany(
+                "UPDATE log_vnodes SET truncated_epoch = ? WHERE vnode = ?",
+                [(epoch, vnode) for vnode, epoch in points.items()],
+            )
+            failpoint("logstore.truncate.before_commit")
+
+    def collect_garbage(self, *, sweep: bool = True, unsealed: bool = False) -> GarbageReport:
+        """Delete segments no vnode needs any more, and prune their metadata.
+
+        - Released segments (every vnode in them truncated past their epoch) lose their metadata in one
+          transaction, then their files.
+        - With ``sweep``, the log store is listed and files that no sealed epoch names are deleted: temp
+          files and orphan segments of epochs up to the last sealed one.
+        - With ``unsealed`` as well, files of epochs above the last sealed one are deleted too. Only do this
+          when no append can be running (at start-up, before the query runs): those files may belong to the
+          epoch being appended right now.
+        """
+        report = GarbageReport()
+        with self.db.atomic():
+            released = self.db.execute(
+                """
+                SELECT s.segment_id, s.name, s.size FROM log_segments s
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM log_segment_vnodes sv JOIN log_vnodes v ON v.vnode = sv.vnode
+                    WHERE sv.segment_id = s.segment_id AND sv.epoch > v.truncated_epoch)
+                """
+            ).fetchall()
+            self.db.conn.executemany("DELETE FROM log_segments WHERE segment_id = ?", [(r[0],) for r in released])
+            cursor = self.db.execute(
+                """
+                DELETE FROM log_epochs
+                WHERE epoch <= (SELECT MIN(truncated_epoch) FROM log_vnodes)
+                  AND NOT EXISTS (SELECT 1 FROM log_segments s WHERE s.epoch = log_epochs.epoch)
+                """
+            )
+            report.epochs_pruned = cursor.rowcount
+        failpoint("logstore.gc.after_metadata")
+        for _, name, size in released:
+            self.storage.delete(name)
+            report.released_segments += 1
+            report.bytes_freed += size
+        if sweep:
+            self._sweep(report, unsealed=unsealed)
+        return report
+
+    def _sweep(self, report: GarbageReport, *, unsealed: bool) -> None:
+        last = self.last_sealed_epoch
+        known = {r[0] for r in self.db.execute("SELECT name FROM log_segments")}
+        for relpath, size in list(self.storage.list_files()):
+            parsed = segment.parse_name(relpath)
+            if parsed is None or relpath in known:
+                continue  # not ours to delete, or sealed and still needed
+            epoch, is_temp = parsed
+            if epoch > last and not unsealed:
+                continue  # may belong to an append in progress
+            if self.storage.delete(relpath):
+                report.bytes_freed += size
+                if is_temp:
+                    report.temp_files += 1
+                else:
+                    report.orphan_segments += 1
+        self.storage.remove_empty_dirs(None if unsealed else last)
