@@ -187,17 +187,17 @@ class LogStore:
 
     def _check_unsealed(self, epoch: int, action: str) -> None:
         last = self.last_sealed_epoch
-        if epoch == last or self.db.execute("SELECT 1 FROM log_epochs WHERE epoch = ?", (epoch,)).fetchone():
-            raise EpochSealedError(
-                f"cannot {action} epoch {epoch}: it is already sealed in {self._where}. A replayed batch must "
-                "skip its append (compare the batch id with last_sealed_epoch first)."
-            )
         if epoch < last:
             raise EpochOrderError(
                 f"cannot {action} epoch {epoch}: epoch {last} is already sealed in {self._where}, and epochs "
                 "must increase. This happens when the query's checkpoint was reset or deleted, or when two "
                 "queries write to one state directory; give the query a new state directory or restore its "
                 "checkpoint."
+            )
+        if epoch == last:
+            raise EpochSealedError(
+                f"cannot {action} epoch {epoch}: it is already sealed in {self._where}. A replayed batch must "
+                "skip its append (compare the batch id with last_sealed_epoch first)."
             )
 
     def seal(self, epoch: int, descriptors: Iterable[SegmentDescriptor | None]) -> None:

@@ -1,0 +1,35 @@
+# Sourced by demo.sh and test.sh: checks the machine and prepares the virtual environment.
+# Usage: . scripts/setup.sh EXTRAS   (EXTRAS is "" or "[test]")
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${FILESINK_VENV:-$repo/.venv}"
+
+python_bin="${PYTHON:-python3}"
+if ! "$python_bin" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "error: Python 3.11 or newer is needed as '$python_bin' (set PYTHON=/path/to/python3.11)" >&2
+    exit 1
+fi
+
+java_bin="java"
+[ -n "${JAVA_HOME:-}" ] && java_bin="$JAVA_HOME/bin/java"
+if ! java_version="$("$java_bin" -version 2>&1 | head -n 1)"; then
+    echo "error: Java 17 or newer is needed by Spark, and '$java_bin' was not found." >&2
+    echo "       Install a JDK 17 (e.g. 'apt-get install openjdk-17-jdk-headless') or set JAVA_HOME." >&2
+    exit 1
+fi
+java_major="$(echo "$java_version" | sed -E 's/.*version "([0-9]+).*/\1/')"
+if ! [ "$java_major" -ge 17 ] 2>/dev/null; then
+    echo "error: Spark needs Java 17 or newer; '$java_bin' is: $java_version" >&2
+    exit 1
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "==> creating virtual environment $venv"
+    "$python_bin" -m venv "$venv"
+fi
+echo "==> installing the project${1:-} into $venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet --editable "$repo${1:-}"
+export PATH="$venv/bin:$PATH"
+cd "$repo"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set everything up on a fresh machine and run the checks and the default test tier.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m chaos` for the long campaigns.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "[test]"
+echo "==> ruff"
+ruff check .
+ruff format --check .
+echo "==> mypy"
+mypy
+echo "==> pytest"
+status=0
+python -m pytest -m "not chaos" "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "error: pytest collected no tests" >&2
+fi
+exit "$status"
