@@ -160,19 +160,20 @@ def encode(
     return parts, SegmentDescriptor(name, epoch, size, schema, schema_bytes, tuple(out_runs), sink_id)
 
 
-def check_block(data: bytes, block: Block, *, where: str) -> None:
-    """Raise SegmentCorruptError unless ``data`` is exactly the bytes ``block`` describes."""
+def block_problem(data: bytes, block: Block) -> str | None:
+    """Why ``data`` is not exactly the bytes ``block`` describes, or None if it is."""
     if len(data) != block.length:
-        raise SegmentCorruptError(
-            f"{where}: short read, expected {block.length} bytes at offset {block.offset}, got {len(data)} "
+        return (
+            f"short read, expected {block.length} bytes at offset {block.offset}, got {len(data)} "
             "(the file was truncated)"
         )
     crc = zlib.crc32(data)
     if crc != block.crc32:
-        raise SegmentCorruptError(
-            f"{where}: checksum mismatch in the {block.length} bytes at offset {block.offset} "
+        return (
+            f"checksum mismatch in the {block.length} bytes at offset {block.offset} "
             f"(expected CRC-32 {block.crc32:08x}, got {crc:08x})"
         )
+    return None
 
 
 def decode_schema(data: bytes) -> pa.Schema:
@@ -202,7 +203,9 @@ def parse_file(data: bytes, *, where: str) -> SegmentDescriptor:
     schema = Block.from_json(meta["schema"])
     runs = tuple(VnodeRun(vnode, tuple(Block.from_json(b) for b in blocks)) for vnode, blocks in meta["vnodes"])
     for block in [schema, *(b for r in runs for b in r.blocks)]:
-        check_block(data[block.offset : block.offset + block.length], block, where=where)
+        problem = block_problem(data[block.offset : block.offset + block.length], block)
+        if problem:
+            raise corrupt(problem)
     schema_bytes = data[schema.offset : schema.offset + schema.length]
     return SegmentDescriptor(meta["name"], meta["epoch"], len(data), schema, schema_bytes, runs, meta["sink_id"])
 

@@ -320,7 +320,9 @@ class LogStore:
                     data = self.storage.read_range(name, block.offset, block.length)
                 except FileNotFoundError as e:
                     raise SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing") from e
-                segment.check_block(data, block, where=f"segment {where()}")
+                problem = segment.block_problem(data, block)
+                if problem:
+                    raise SegmentCorruptError(f"segment {where()}: {problem}")
                 try:
                     batch = segment.decode_block(data, schema)
                 except (pa.ArrowInvalid, OSError) as e:

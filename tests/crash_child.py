@@ -3,7 +3,8 @@
 Usage: python crash_child.py STATE_DIR EPOCHS ROWS_PER_WRITER [LOG_URL]
 
 Appends epochs last_sealed+1 .. EPOCHS-1, two segments each, with rows that are a pure function of the epoch
-(see ``epoch_rows``), sealing each; prints ``started`` once open, then ``sealed N`` after each seal. Options for an S3 log URL come
+(see ``epoch_rows``), sealing each;
+prints ``started`` once open, then ``sealed N`` after each seal. Options for an S3 log URL come
 from the ``CRASH_CHILD_S3`` environment variable (JSON).
 """
 

@@ -170,7 +170,7 @@ def test_sealing_below_the_last_sealed_epoch_is_refused(open_store):
 
 def test_reading_unsealed_or_truncated_ranges_is_refused(open_store):
     store, tables = _sealed_store(open_store)
-    with pytest.raises(EpochNotSealedError, match="last sealed epoch .* is 1"):
+    with pytest.raises(EpochNotSealedError, match=r"last sealed epoch .* is 1"):
         store.read(range(0, 4), -1, 2)
     store.truncate({2: 0})
     with pytest.raises(TruncatedRangeError, match="vnode 2 up to epoch 0"):
@@ -216,7 +216,7 @@ def test_bad_rows_are_refused_before_anything_is_written(open_store, table, matc
 
 def test_bad_writer_ids_and_epochs_are_refused(open_store):
     store = open_store(vnodes=4)
-    with pytest.raises(InvalidSegmentInputError, match="writer id '../x'"):
+    with pytest.raises(InvalidSegmentInputError, match=r"writer id '\.\./x'"):
         append_segment(store.target, 0, make_rows([1], [0]), writer_id="../x")
     with pytest.raises(InvalidSegmentInputError, match="epoch -1 is negative"):
         append_segment(store.target, -1, make_rows([1], [0]))

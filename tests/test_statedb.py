@@ -52,7 +52,7 @@ def test_database_from_a_newer_version_is_refused(tmp_path):
         {"migration_set": "logstore", "name": "0099_from_the_future", "applied_at": "2030-01-01"}
     )
     store.close()
-    with pytest.raises(StateMismatchError, match="0099_from_the_future.*newer version"):
+    with pytest.raises(StateMismatchError, match=r"0099_from_the_future.*newer version"):
         LogStore.open(tmp_path)
 
 
