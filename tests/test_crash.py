@@ -110,4 +110,4 @@ def test_kill_at_random_moments_local(tmp_path, seed):
 
 
 def test_kill_at_random_moments_s3(tmp_path, s3_prefix, s3_options):
-    _random_kills(tmp_path / "state", 3, s3_prefix + "/log", s3_options, epochs=400)
+    _random_kills(tmp_path / "state", 3, s3_prefix + "/log", s3_options, epochs=200)

@@ -1,0 +1,80 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
+
+from logstore import LogStore
+
+# ---------------------------------------------------------------------------------------------------------
+# S3 test server (see docs/testing.md)
+#
+# One server per test session: an external S3 server when FILESINK_TEST_S3_ENDPOINT is set, otherwise a
+# SeaweedFS `weed mini` on 127.0.0.1 with random credentials. A server that does not come up is a test
+# error carrying the server's log, never a skip.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Settings]:
+    """Settings of the session's S3 server, with its bucket created."""
+    external = settings_from_env()
+    if external is not None:
+        ensure_bucket(external)
+        yield external
+        return
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs"))
+    settings = server.start()
+    try:
+        yield settings
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_prefix(s3_server: S3Settings) -> str:
+    """A fresh ``s3://<bucket>/test-<uuid hex>`` URL (no trailing slash) for one test."""
+    return s3_server.url(f"test-{uuid.uuid4().hex}")
+
+
+@pytest.fixture
+def s3_options(s3_server: S3Settings) -> dict[str, Any]:
+    """fsspec / s3fs storage options for ``s3_server``."""
+    return s3_server.storage_options()
+
+
+# --------------------------------------------- end of S3 test server --------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Log stores: the same contract tests run on local disk and on the S3 test server
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["local", "s3"])
+def log_url(request, tmp_path):
+    """(URL, storage options) of an empty log store location."""
+    if request.param == "local":
+        return str(tmp_path / "log"), {}
+    return request.getfixturevalue("s3_prefix") + "/log", request.getfixturevalue("s3_options")
+
+
+@pytest.fixture
+def open_store(tmp_path, log_url):
+    """Open the log store at ``log_url`` with its state database in ``tmp_path / "state"``."""
+    url, options = log_url
+    stores = []
+
+    def factory(vnodes=16):
+        store = LogStore.open(tmp_path / "state", url, vnodes=vnodes, storage_options=options)
+        stores.append(store)
+        return store
+
+    yield factory
+    for store in stores:
+        store.close()
