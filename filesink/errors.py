@@ -1,0 +1,31 @@
+"""Exceptions raised by the file sink. Messages name the file, epoch or vnode involved and what to do."""
+
+from __future__ import annotations
+
+
+class FileSinkError(Exception):
+    """Base class of every file sink error."""
+
+
+class SinkOptionError(FileSinkError, ValueError):
+    """An option given to the sink is invalid."""
+
+
+class SchemaMismatchError(FileSinkError):
+    """A batch's schema differs from the schema the sink was created with."""
+
+
+class CheckpointMismatchError(FileSinkError):
+    """A batch id is below the last sealed epoch and is not a replay (checkpoint reset, or a second query)."""
+
+
+class SinkLockedError(FileSinkError):
+    """Another live query holds the sink's state directory."""
+
+
+class CommitConflictError(FileSinkError):
+    """A file's state changed under the writer (another writer or recovery got there first)."""
+
+
+class FileWriteError(FileSinkError):
+    """A Parquet file could not be written or made visible."""
