@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +121,83 @@ def describe_vnodes(vnodes: list[int]) -> str:
     return f"{', '.join(map(str, vnodes[:8]))}, ... ({len(vnodes)} vnodes)"
 
 
+def rows_per_block(nbytes: int, num_rows: int, max_block_bytes: int) -> int:
+    """Rows per block for rows of ``nbytes`` in memory in all: about ``max_block_bytes`` of rows, at least one."""
+    row_bytes = max(1, nbytes // max(1, num_rows))
+    return max(1, max_block_bytes // row_bytes)
+
+
+class SegmentEncoder:
+    """Builds the parts of one segment file incrementally, computing offsets and checksums as it goes.
+
+    Write :data:`MAGIC`, then the parts :meth:`blocks` yields (in vnode order), then the parts :meth:`finish`
+    returns; :attr:`descriptor` describes the file they form once :meth:`finish` has run.
+    """
+
+    def __init__(self, *, name: str, epoch: int, sink_id: str) -> None:
+        self.name = name
+        self.epoch = epoch
+        self.sink_id = sink_id
+        self._offset = len(MAGIC)
+        self._runs: list[VnodeRun] = []
+        self._vnode: int | None = None
+        self._blocks: list[Block] = []
+        self._descriptor: SegmentDescriptor | None = None
+
+    def _close_run(self) -> None:
+        if self._vnode is not None:
+            self._runs.append(VnodeRun(self._vnode, tuple(self._blocks)))
+        self._vnode, self._blocks = None, []
+
+    def block(self, vnode: int, rows: pa.RecordBatch) -> Any:
+        """Serialize ``rows`` (all of ``vnode``) as the next block of the file and return its bytes.
+
+        Consecutive blocks of the same vnode form one run of the descriptor.
+        """
+        if self._descriptor is not None:
+            raise RuntimeError(f"segment {self.name} is already finished")
+        buf = rows.serialize()
+        if vnode != self._vnode:
+            self._close_run()
+            self._vnode = vnode
+        self._blocks.append(Block(self._offset, buf.size, rows.num_rows, zlib.crc32(buf)))
+        self._offset += buf.size
+        return buf
+
+    def blocks(self, batch: pa.RecordBatch, runs: Iterable[tuple[int, int, int]], rows_per_block: int) -> Iterator[Any]:
+        """Serialize ``(vnode, first row, row count)`` runs of ``batch`` as blocks of ``rows_per_block`` rows.
+
+        Each run is split from its first row on; a run may continue one given earlier (same vnode, next
+        rows), in which case it must start at a block boundary of that vnode's rows to split as one run would.
+        """
+        for vnode, start, count in runs:
+            end = start + count
+            for first in range(start, end, rows_per_block):
+                yield self.block(vnode, batch.slice(first, min(rows_per_block, end - first)))
+
+    def finish(self, schema: pa.Schema) -> list[bytes]:
+        """The parts after the last block (schema, footer, trailer); sets :attr:`descriptor`."""
+        self._close_run()
+        schema_bytes = schema.serialize().to_pybytes()
+        schema_block = Block(self._offset, len(schema_bytes), 0, zlib.crc32(schema_bytes))
+        offset = self._offset + len(schema_bytes)
+        runs = tuple(self._runs)
+        described = SegmentDescriptor(self.name, self.epoch, 0, schema_block, schema_bytes, runs, self.sink_id)
+        footer = json.dumps(described.footer(), separators=(",", ":")).encode()
+        size = offset + len(footer) + TRAILER_SIZE
+        self._descriptor = SegmentDescriptor(
+            self.name, self.epoch, size, schema_block, schema_bytes, runs, self.sink_id
+        )
+        return [schema_bytes, footer, _TRAILER.pack(len(footer), zlib.crc32(footer)), MAGIC]
+
+    @property
+    def descriptor(self) -> SegmentDescriptor:
+        """The descriptor of the file, once :meth:`finish` has run."""
+        if self._descriptor is None:
+            raise RuntimeError(f"segment {self.name} is not finished: its descriptor is not known yet")
+        return self._descriptor
+
+
 def encode(
     batch: pa.RecordBatch,
     runs: list[tuple[int, int, int]],
@@ -130,34 +207,16 @@ def encode(
     sink_id: str,
     max_block_bytes: int,
 ) -> tuple[list[Any], SegmentDescriptor]:
-    """Serialize ``batch`` (already sorted by vnode) into segment parts.
+    """Serialize ``batch`` (already sorted by vnode) into segment parts, all at once.
 
     ``runs`` lists ``(vnode, first row, row count)`` in vnode order. Returns the byte parts to write in order
-    and the descriptor of the file they form.
+    and the descriptor of the file they form. :class:`SegmentEncoder` does the same step by step.
     """
-    parts: list[Any] = [MAGIC]
-    offset = len(MAGIC)
-    row_bytes = max(1, batch.nbytes // max(1, batch.num_rows))
-    rows_per_block = max(1, max_block_bytes // row_bytes)
-    out_runs: list[VnodeRun] = []
-    for vnode, start, count in runs:
-        blocks = []
-        for first in range(start, start + count, rows_per_block):
-            n = min(rows_per_block, start + count - first)
-            buf = batch.slice(first, n).serialize()
-            blocks.append(Block(offset, buf.size, n, zlib.crc32(buf)))
-            parts.append(buf)
-            offset += buf.size
-        out_runs.append(VnodeRun(vnode, tuple(blocks)))
-    schema_bytes = batch.schema.serialize().to_pybytes()
-    schema = Block(offset, len(schema_bytes), 0, zlib.crc32(schema_bytes))
-    parts.append(schema_bytes)
-    offset += len(schema_bytes)
-    descriptor = SegmentDescriptor(name, epoch, 0, schema, schema_bytes, tuple(out_runs), sink_id)
-    footer = json.dumps(descriptor.footer(), separators=(",", ":")).encode()
-    parts += [footer, _TRAILER.pack(len(footer), zlib.crc32(footer)), MAGIC]
-    size = offset + len(footer) + TRAILER_SIZE
-    return parts, SegmentDescriptor(name, epoch, size, schema, schema_bytes, tuple(out_runs), sink_id)
+    encoder = SegmentEncoder(name=name, epoch=epoch, sink_id=sink_id)
+    per_block = rows_per_block(batch.nbytes, batch.num_rows, max_block_bytes)
+    parts: list[Any] = [MAGIC, *encoder.blocks(batch, runs, per_block)]
+    parts += encoder.finish(batch.schema)
+    return parts, encoder.descriptor
 
 
 def block_problem(data: bytes, block: Block) -> str | None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol, cast
 
 from .failpoints import failpoint
 
@@ -57,7 +59,11 @@ class Storage(Protocol):
         """The full path or URL of ``relpath``, for messages."""
 
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
-        """Write the concatenated parts as one file, durably and atomically; return its size."""
+        """Write the concatenated parts as one file, durably and atomically; return its size.
+
+        ``parts`` may be a generator that computes the parts as they are consumed (append sorts and encodes
+        rows that way): it is consumed once, in order, and an error it raises fails the write.
+        """
 
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         """Read up to ``length`` bytes at ``offset`` (fewer if the file is shorter)."""
@@ -97,15 +103,113 @@ def ensure_dir(path: Path) -> None:
     fsync_dir(path.parent)
 
 
+WRITE_QUEUE_CHUNKS = 4
+"""Chunks of parts waiting for the writer thread of :func:`write_durable` at most (bounds its memory)."""
+WRITE_CHUNK_BYTES = 2 * 2**20
+"""Parts are handed to the writer thread in chunks of at least this many bytes (or the last parts)."""
+SYNC_EVERY_BYTES = 8 * 2**20
+"""The writer thread flushes written data to the disk (``fdatasync``) each time this many more bytes are written,
+so the disk works while the next parts are computed instead of all at the final ``fsync``."""
+
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # fdatasync is not on every platform (macOS)
+_END = object()
+
+
+class _Writer:
+    """A thread that writes chunks of parts to an open file, ``fdatasync``-ing it every ``SYNC_EVERY_BYTES``.
+
+    Chunks come through a bounded queue. The first error the thread meets is kept in :attr:`error`; from then
+    on (and once :meth:`abort` is called) it drops what it receives, so the producer never blocks on it.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.size = 0
+        self.error: BaseException | None = None
+        self._aborted = False
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)
+        self._thread = threading.Thread(target=self._run, name="logstore-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        synced = 0
+        while True:
+            chunk = self._queue.get()
+            if chunk is _END:
+                return
+            if self.error is not None or self._aborted:
+                continue
+            try:
+                for part in cast(list[Bytes], chunk):
+                    self.size += self.f.write(part)
+                if self.size - synced >= SYNC_EVERY_BYTES:
+                    self.f.flush()
+                    _fdatasync(self.f.fileno())
+                    synced = self.size
+            except BaseException as e:  # kept for the caller's thread, which raises it
+                self.error = e
+            del chunk  # free the written parts now, not after waiting for the next chunk
+
+    def put(self, chunk: list[Bytes]) -> None:
+        self._queue.put(chunk)
+
+    def abort(self) -> None:
+        """Drop whatever is still queued instead of writing it."""
+        self._aborted = True
+
+    def close(self) -> None:
+        """Let the thread finish what is queued (or drop it, after :meth:`abort`) and wait for it to end."""
+        self._queue.put(_END)
+        self._thread.join()
+
+
+def _write_parts(f: BinaryIO, parts: Iterable[Bytes]) -> int:
+    """Write the parts to ``f`` with a writer thread while this thread produces them; return the size written.
+
+    Producing a part (here, sorting and serializing rows) and writing one (``write``, ``fdatasync``) both
+    release the GIL, so they overlap. An error on either side stops both and is raised here (the writer's
+    error as it was raised in the writer thread); the thread has ended when this returns or raises.
+    """
+    writer = _Writer(f)
+    try:
+        chunk: list[Bytes] = []
+        chunk_bytes = 0
+        for part in parts:
+            if writer.error is not None:
+                break
+            chunk.append(part)
+            chunk_bytes += memoryview(part).nbytes
+            if chunk_bytes >= WRITE_CHUNK_BYTES:
+                writer.put(chunk)
+                chunk, chunk_bytes = [], 0
+        else:
+            if chunk:
+                writer.put(chunk)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        writer.close()
+        close = getattr(parts, "close", None)
+        if close is not None:  # a generator stopped early: run its cleanup now, not whenever it is collected
+            close()
+    if writer.error is not None:
+        raise writer.error
+    return writer.size
+
+
 def write_durable(path: Path, parts: Iterable[Bytes]) -> int:
-    """Write a local file through a temp name: write, fsync, rename, fsync the directory."""
+    """Write a local file through a temp name: write, fsync, rename, fsync the directory.
+
+    The parts are consumed in this thread and written by a writer thread (see :func:`_write_parts`), which
+    also calls ``fdatasync`` every ``SYNC_EVERY_BYTES`` so that the final ``fsync`` finds little left to do.
+    If anything fails, the temp file is removed and the error raised; no thread is left running.
+    """
     ensure_dir(path.parent)
     tmp = path.with_name(f".{path.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
-    size = 0
     try:
         with open(tmp, "xb") as f:
-            for part in parts:
-                size += f.write(part)
+            size = _write_parts(f, parts)
             f.flush()
             os.fsync(f.fileno())
         failpoint("logstore.storage.before_rename")
