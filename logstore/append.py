@@ -5,18 +5,17 @@ travels in an :class:`AppendTarget`, which pickles.
 
 The rows are sorted by vnode and encoded step by step while the storage writes what is ready: for local
 storage a writer thread writes one group of blocks while the next group is sorted (``take``) and serialized,
-so the CPU work overlaps the disk and only about one group of sorted rows is in memory at a time. The file is
-byte for byte the one that sorting the whole table at once and encoding it with :func:`segment.encode`
-would give (see ``_sorted_groups`` for what that takes).
+so the CPU work overlaps the disk and only about one group of sorted rows is in memory at a time. The rows
+and their order are those of sorting the whole table at once (stable, by vnode).
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,8 +32,6 @@ _WRITER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 GROUP_BYTES = 8 * 2**20
 """Unsorted input rows are sorted and encoded in groups of about this many bytes (whole blocks), one group at a
 time, while the storage writes the previous ones."""
-_LOOKAHEAD_ROWS = 512
-_LOOKAHEAD_DATA_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -73,63 +70,6 @@ def _vnode_runs(vnodes: pa.Array, target: AppendTarget, where: str) -> list[tupl
     return [(int(v), s, e - s) for v, s, e in zip(values, starts, ends, strict=True)]
 
 
-_FIXED_WIDTH: tuple[Callable[[pa.DataType], bool], ...] = (
-    pa.types.is_boolean,
-    pa.types.is_integer,
-    pa.types.is_floating,
-    pa.types.is_temporal,
-    pa.types.is_decimal,
-    pa.types.is_fixed_size_binary,
-)
-_VARIABLE_WIDTH: tuple[Callable[[pa.DataType], bool], ...] = (
-    pa.types.is_string,
-    pa.types.is_binary,
-    pa.types.is_large_string,
-    pa.types.is_large_binary,
-)
-
-
-@dataclass
-class _Column:
-    """One data column of the input (a single chunk) and how to produce its rows in vnode order."""
-
-    values: pa.Array
-    kind: Literal["fixed", "variable", "other"]
-    """``fixed`` or ``variable`` (width): taken group by group; ``other`` (nested, view, extension, null types):
-    taken whole up front (``sorted``) and sliced, as these are rare and their IPC slicing is harder to match."""
-    sorted: pa.Array | None = None
-
-    def sorted_nbytes(self, order: pa.Array) -> int:
-        """``nbytes`` of the whole column taken in ``order``, as ``take`` would make it, without taking it all.
-
-        ``take`` gives a fresh array: its values (and the offsets of strings) cover exactly ``len(order)`` rows,
-        string data holds the non-null values only, and it has a validity bitmap when the input may have nulls
-        (``values.MayHaveNulls()`` in Arrow, which does not depend on the indices: a one-row take shows it).
-        """
-        if self.kind == "other":
-            self.sorted = pc.take(self.values, order)
-            return int(self.sorted.nbytes)
-        n = len(order)
-        has_bitmap = pc.take(self.values, order.slice(0, 1)).buffers()[0] is not None
-        size = (n + 7) // 8 if has_bitmap else 0
-        if self.kind == "fixed":
-            return size + (n * int(self.values.type.bit_width) + 7) // 8
-        offset_width = (
-            8 if pa.types.is_large_string(self.values.type) or pa.types.is_large_binary(self.values.type) else 4
-        )
-        data = pc.sum(pc.binary_length(self.values)).as_py() or 0
-        return size + offset_width * n + int(data)
-
-
-def _column(values: pa.Array) -> _Column:
-    type_ = values.type
-    if any(test(type_) for test in _FIXED_WIDTH):
-        return _Column(values, "fixed")
-    if any(test(type_) for test in _VARIABLE_WIDTH):
-        return _Column(values, "variable")
-    return _Column(values, "other")
-
-
 def _groups(
     runs: list[tuple[int, int, int]], rows_per_block: int, group_rows: int
 ) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
@@ -162,10 +102,9 @@ def _groups(
         yield start, pieces[-1][1] + pieces[-1][2], pieces
 
 
-def _data_after(array: pa.Array, row: int) -> int:
-    """Bytes of string data of ``array`` in rows ``row`` and after (for a fresh ``take`` output, whose null
-    values are empty, the bytes its data buffer holds after row ``row`` begins)."""
-    return int(pc.sum(pc.binary_length(array.slice(row))).as_py() or 0)
+def _one_batch(table: pa.Table) -> pa.RecordBatch:
+    batches = table.combine_chunks().to_batches()
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def _sorted_groups(
@@ -175,45 +114,15 @@ def _sorted_groups(
     encoder: segment.SegmentEncoder,
     max_block_bytes: int,
 ) -> Iterator[Any]:
-    """The parts of the segment of ``data`` taken in ``order`` (stable, by vnode), sorted and encoded group by group.
-
-    Equal, byte for byte, to sorting the whole table (``data.take(order)``) and encoding it: the block size
-    comes from the ``nbytes`` the whole sorted table would have, and every block is serialized from a slice
-    with the same surroundings as in the whole sorted table. Arrow's IPC writer sends the bytes that follow a
-    sliced buffer as padding (up to 63 bytes of string data, 7 of values) and, for a slice at offset 0, keeps
-    a buffer whole when it is barely longer than the slice. So each group is taken with one row before it
-    (no block is at offset 0 of a group, except the table's first block, as before) and at least
-    ``_LOOKAHEAD_ROWS`` rows and ``_LOOKAHEAD_DATA_BYTES`` of string data after it, or up to the last row.
-    """
+    """The parts of the segment of ``data`` taken in ``order`` (stable, by vnode), sorted and encoded group by
+    group, so that only one group of sorted rows is in memory and the storage writes while the next is made."""
     yield segment.MAGIC
-    columns = [_column(column.chunk(0)) for column in data.combine_chunks().columns]
-    n = len(order)
-    nbytes = sum(column.sorted_nbytes(order) for column in columns)
-    rows_per_block = segment.rows_per_block(nbytes, n, max_block_bytes)
-    group_rows = max(1, GROUP_BYTES // max(1, nbytes // n))
-
-    def take(lo: int, end: int) -> pa.RecordBatch:
-        ahead = _LOOKAHEAD_ROWS
-        while True:
-            hi = min(n, end + ahead)
-            indices = order.slice(lo, hi - lo)
-            arrays = [
-                pc.take(column.values, indices) if column.sorted is None else column.sorted.slice(lo, hi - lo)
-                for column in columns
-            ]
-            if hi == n or all(
-                _data_after(array, end - lo) >= _LOOKAHEAD_DATA_BYTES
-                for array, column in zip(arrays, columns, strict=True)
-                if column.kind == "variable"
-            ):
-                return pa.RecordBatch.from_arrays(arrays, schema=data.schema)
-            ahead *= 8
-
+    data = data.combine_chunks()
+    rows_per_block = segment.rows_per_block(data.nbytes, data.num_rows, max_block_bytes)
+    group_rows = max(1, GROUP_BYTES // max(1, data.nbytes // max(1, data.num_rows)))
     for start, end, pieces in _groups(runs, rows_per_block, group_rows):
-        lo = start - 1 if start else 0
-        batch = take(lo, end)
-        yield from encoder.blocks(batch, [(v, first - lo, count) for v, first, count in pieces], rows_per_block)
-        del batch
+        batch = _one_batch(data.take(order.slice(start, end - start)))
+        yield from encoder.blocks(batch, [(v, first - start, count) for v, first, count in pieces], rows_per_block)
     yield from encoder.finish(data.schema)
 
 
@@ -222,8 +131,7 @@ def _in_order(
 ) -> Iterator[Any]:
     """The parts of the segment of ``data``, already in vnode order: blocks are slices of the input."""
     yield segment.MAGIC
-    batches = data.combine_chunks().to_batches()
-    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    batch = _one_batch(data)
     yield from encoder.blocks(batch, runs, segment.rows_per_block(batch.nbytes, batch.num_rows, max_block_bytes))
     yield from encoder.finish(batch.schema)
 
