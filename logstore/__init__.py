@@ -25,7 +25,7 @@ from .errors import (
 from .segment import SegmentDescriptor
 from .statedb import STATE_DB_NAME, connect
 from .storage import LogLocation
-from .store import NOTHING, GarbageReport, LogBatch, LogStore, VnodeBacklog
+from .store import NOTHING, GarbageReport, LogBatch, LogStore, ReadItem, VnodeBacklog, read_plan
 
 __all__ = [
     "NOTHING",
@@ -41,6 +41,7 @@ __all__ = [
     "LogLocation",
     "LogStore",
     "LogStoreError",
+    "ReadItem",
     "SegmentCorruptError",
     "SegmentDescriptor",
     "SegmentError",
@@ -51,4 +52,5 @@ __all__ = [
     "VnodeBacklog",
     "append_segment",
     "connect",
+    "read_plan",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,7 +35,7 @@ from .errors import (
 from .failpoints import failpoint
 from .segment import Block, SegmentDescriptor, describe_vnodes
 from .statedb import STATE_DB_NAME, apply_migrations, connect, migrations
-from .storage import LogLocation
+from .storage import LogLocation, Storage
 
 DEFAULT_VNODES = 256
 NOTHING = -1
@@ -49,6 +49,48 @@ class LogBatch(NamedTuple):
     epoch: int
     segment: str
     batch: pa.RecordBatch
+
+
+@dataclass(frozen=True)
+class ReadItem:
+    """One vnode's rows of one sealed segment: what :func:`read_plan` fetches, checks and decodes."""
+
+    vnode: int
+    epoch: int
+    segment: str
+    segment_vnodes: tuple[int, ...]
+    schema_bytes: bytes
+    blocks: tuple[Block, ...]
+
+
+def read_plan(storage: Storage, plan: Iterable[ReadItem]) -> Iterator[LogBatch]:
+    """Fetch, check and decode the blocks of ``plan`` in order, one block in memory at a time."""
+    schemas: dict[bytes, pa.Schema] = {}
+    for item in plan:
+        schema = schemas.get(item.schema_bytes)
+        if schema is None:
+            schema = schemas[item.schema_bytes] = segment.decode_schema(item.schema_bytes)
+        for block in item.blocks:
+            try:
+                data = storage.read_range(item.segment, block.offset, block.length)
+            except FileNotFoundError as e:
+                raise SegmentMissingError(
+                    f"{_where(storage, item)}: the segment file of a sealed epoch is missing"
+                ) from e
+            problem = segment.block_problem(data, block)
+            if problem:
+                raise SegmentCorruptError(f"segment {_where(storage, item)}: {problem}")
+            try:
+                batch = segment.decode_block(data, schema)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise SegmentCorruptError(
+                    f"segment {_where(storage, item)}: block at offset {block.offset}: {e}"
+                ) from e
+            yield LogBatch(item.vnode, item.epoch, item.segment, batch)
+
+
+def _where(storage: Storage, item: ReadItem) -> str:
+    return f"{storage.display(item.segment)} (epoch {item.epoch}, vnodes {describe_vnodes(list(item.segment_vnodes))})"
 
 
 @dataclass(frozen=True)
@@ -278,58 +320,58 @@ class LogStore:
         """
         if vnodes.step != 1 or vnodes.start < 0 or vnodes.stop > self.vnodes:
             raise ValueError(f"vnode range {vnodes} must be contiguous within 0..{self.vnodes - 1}")
-        if after_epoch > up_to_epoch:
-            raise ValueError(f"read of epochs ({after_epoch}, {up_to_epoch}]: the range is reversed")
+        return read_plan(self.storage, self.plan_read(dict.fromkeys(vnodes, after_epoch), up_to_epoch))
+
+    def plan_read(self, after: Mapping[int, int], up_to_epoch: int) -> list[ReadItem]:
+        """What to read for each vnode of ``after`` over ``(after[vnode], up_to_epoch]``, in read order.
+
+        The plan is picklable and :func:`read_plan` executes it with the storage alone, so a Spark task can
+        read without the state database.
+        """
         last = self.last_sealed_epoch
         if up_to_epoch > last:
             raise EpochNotSealedError(
                 f"cannot read up to epoch {up_to_epoch}: the last sealed epoch of {self._where} is {last}"
             )
-        released = self.db.execute(
-            "SELECT vnode, truncated_epoch FROM log_vnodes WHERE vnode >= ? AND vnode < ? AND truncated_epoch > ? "
-            "ORDER BY vnode",
-            (vnodes.start, vnodes.stop, after_epoch),
-        ).fetchall()
+        points = self.truncate_points()
+        released = []
+        for vnode, after_epoch in sorted(after.items()):
+            if vnode not in points:
+                raise ValueError(f"vnode {vnode} is outside 0..{self.vnodes - 1}")
+            if after_epoch > up_to_epoch:
+                raise ValueError(f"read of epochs ({after_epoch}, {up_to_epoch}]: the range is reversed")
+            if points[vnode] > after_epoch:
+                released.append((vnode, after_epoch, points[vnode]))
         if released:
-            shown = ", ".join(f"vnode {v} up to epoch {e}" for v, e in released[:5])
+            shown = ", ".join(f"vnode {v} after epoch {a}: truncated up to epoch {t}" for v, a, t in released[:5])
             raise TruncatedRangeError(
-                f"cannot read vnodes {vnodes.start}..{vnodes.stop - 1} after epoch {after_epoch} from "
-                f"{self._where}: that data was already released by truncation ({shown}"
+                f"cannot read from {self._where}: that data was already released by truncation ({shown}"
                 f"{', ...' if len(released) > 5 else ''}); read after each vnode's truncate point instead"
             )
-        rows = self.db.execute(
-            """
-            SELECT sv.vnode, sv.epoch, s.segment_id, s.name, s.schema_bytes, sv.blocks
-            FROM log_segment_vnodes sv JOIN log_segments s ON s.segment_id = sv.segment_id
-            WHERE sv.vnode >= ? AND sv.vnode < ? AND sv.epoch > ? AND sv.epoch <= ?
-            ORDER BY sv.vnode, sv.epoch, s.name
-            """,
-            (vnodes.start, vnodes.stop, after_epoch, up_to_epoch),
-        ).fetchall()
-        return self._read_rows(rows)
+        plan: list[ReadItem] = []
+        segment_vnodes: dict[int, tuple[int, ...]] = {}
+        for vnode, after_epoch in sorted(after.items()):
+            for epoch, segment_id, name, schema_bytes, blocks_json in self.db.execute(
+                """
+                SELECT sv.epoch, s.segment_id, s.name, s.schema_bytes, sv.blocks
+                FROM log_segment_vnodes sv JOIN log_segments s ON s.segment_id = sv.segment_id
+                WHERE sv.vnode = ? AND sv.epoch > ? AND sv.epoch <= ?
+                ORDER BY sv.epoch, s.name
+                """,
+                (vnode, after_epoch, up_to_epoch),
+            ).fetchall():
+                if segment_id not in segment_vnodes:
+                    segment_vnodes[segment_id] = tuple(
+                        r[0]
+                        for r in self.db.execute(
+                            "SELECT vnode FROM log_segment_vnodes WHERE segment_id = ? ORDER BY vnode", (segment_id,)
+                        )
+                    )
+                blocks = tuple(map(Block.from_json, json.loads(blocks_json)))
+                plan.append(ReadItem(vnode, epoch, name, segment_vnodes[segment_id], schema_bytes, blocks))
+        return plan
 
-    def _read_rows(self, rows: list[tuple[Any, ...]]) -> Iterator[LogBatch]:
-        schemas: dict[bytes, pa.Schema] = {}
-        for vnode, epoch, segment_id, name, schema_bytes, blocks_json in rows:
-            schema = schemas.get(schema_bytes)
-            if schema is None:
-                schema = schemas[schema_bytes] = segment.decode_schema(schema_bytes)
-            for block in map(Block.from_json, json.loads(blocks_json)):
-                where = self._describe_segment(segment_id, name, epoch)
-                try:
-                    data = self.storage.read_range(name, block.offset, block.length)
-                except FileNotFoundError as e:
-                    raise SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing") from e
-                problem = segment.block_problem(data, block)
-                if problem:
-                    raise SegmentCorruptError(f"segment {where()}: {problem}")
-                try:
-                    batch = segment.decode_block(data, schema)
-                except (pa.ArrowInvalid, OSError) as e:
-                    raise SegmentCorruptError(f"segment {where()}: block at offset {block.offset}: {e}") from e
-                yield LogBatch(vnode, epoch, name, batch)
-
-    def _describe_segment(self, segment_id: int, name: str, epoch: int) -> Any:
+    def _describe_segment(self, segment_id: int, name: str, epoch: int) -> Callable[[], str]:
         def describe() -> str:
             vnodes = [
                 r[0]

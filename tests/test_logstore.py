@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import pickle
 import random
 
 import pyarrow as pa
@@ -21,6 +22,7 @@ from logstore import (
     TruncatedRangeError,
     TruncateOrderError,
     append_segment,
+    read_plan,
 )
 
 
@@ -173,12 +175,22 @@ def test_reading_unsealed_or_truncated_ranges_is_refused(open_store):
     with pytest.raises(EpochNotSealedError, match=r"last sealed epoch .* is 1"):
         store.read(range(0, 4), -1, 2)
     store.truncate({2: 0})
-    with pytest.raises(TruncatedRangeError, match="vnode 2 up to epoch 0"):
+    with pytest.raises(TruncatedRangeError, match="vnode 2 after epoch -1: truncated up to epoch 0"):
         store.read(range(0, 4), -1, 1)
     assert flatten(store.read(range(0, 2), -1, 1)) == expected_order(tables, range(0, 2))
     assert flatten(store.read(range(2, 3), 0, 1)) == expected_order({1: tables[1]}, range(2, 3))
     with pytest.raises(ValueError, match="contiguous"):
         store.read(range(0, 5), -1, 1)
+
+
+def test_read_plans_take_per_vnode_starts_and_travel_without_the_database(open_store):
+    store, tables = _sealed_store(open_store, epochs=3)
+    store.truncate({1: 1})
+    plan = pickle.loads(pickle.dumps(store.plan_read({0: -1, 1: 1}, 2)))
+    got = flatten(read_plan(store.target.location.open(), plan))
+    assert got == expected_order(tables, range(0, 1)) + expected_order({2: tables[2]}, range(1, 2))
+    with pytest.raises(TruncatedRangeError, match="vnode 1 after epoch 0"):
+        store.plan_read({1: 0}, 2)
 
 
 def test_truncate_only_moves_forward_and_only_over_sealed_epochs(open_store):
