@@ -1,0 +1,529 @@
+"""Write one planned file from the log store as Parquet: deterministic bytes, visible only when complete.
+
+A :class:`FileTask` names a file and the log store data it holds (a read plan). :func:`write_file` streams the
+plan's batches, splits the rows by the Hive partition columns and writes one Parquet object per partition
+value combination, ``<partition dirs>/<name>.parquet`` (or ``<name>.parquet`` without partitioning).
+
+- **Bounded memory**: per partition, rows are buffered until ``row_group_rows`` of them are there, then
+  written as row groups of exactly that many rows; nothing else of the file is held in memory (object store
+  uploads also hold up to one upload block per open object, the filesystem's ``block_size``).
+- **Deterministic**: the objects' keys and bytes depend only on the task (plan, data and options) and on the
+  pyarrow version, whose ``created_by`` string is in every file. Nothing time- or random-dependent is
+  written, so re-running a task overwrites its objects with the same bytes.
+- **Nothing partial is ever visible**: local objects are written to temp files in a staging directory
+  (outside the output directory), fsynced, and renamed into place only once every object of the task is
+  complete; S3 objects are uploaded with deferred commit (a multipart upload that only
+  ``CompleteMultipartUpload`` makes visible) and committed only once every object of the task is complete.
+  On an error, temp files are removed and uploads aborted. Objects are published in sorted key order; a
+  failure (or crash) during publishing can leave a prefix of them visible, which is why recovery checks
+  visibility with :func:`object_keys` and a re-run rewrites the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from logstore import LogBatch, LogLocation, ReadItem, read_plan
+from logstore.storage import ensure_dir, fsync_dir
+
+from .errors import FileWriteError
+from .partitioning import partition_dir
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".parquet"
+STAGING_SUFFIX = ".filesink-staging"
+"""The default staging directory of a local output ``<parent>/<dir>`` is ``<parent>/.<dir>.filesink-staging``."""
+PARQUET_FORMAT_VERSION = "2.6"
+DEFERRED_COMMIT_PROTOCOLS = frozenset({"s3", "s3a"})
+"""fsspec protocols whose files are known to honour ``autocommit=False`` (nothing visible before ``commit``)."""
+
+_ROW_INDEX = "__filesink_row_index__"
+
+
+@dataclass(frozen=True)
+class OutputLocation:
+    """Where the sink's Parquet files go. Picklable."""
+
+    url: str
+    """A local directory path (or ``file://`` URL), or an fsspec URL such as ``s3://bucket/table``."""
+    storage_options: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    staging_dir: str | None = None
+    """Local output only: the directory for temp files (same file system as ``url``, outside it). Default:
+    ``.<output dir name>.filesink-staging`` next to the output directory."""
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.url or self.url.startswith("file://")
+
+    def local_root(self) -> Path:
+        return Path(self.url.removeprefix("file://")).expanduser().absolute()
+
+    def local_staging(self) -> Path:
+        root = self.local_root()
+        if self.staging_dir is not None:
+            staging = Path(self.staging_dir.removeprefix("file://")).expanduser().absolute()
+            if staging == root or staging.is_relative_to(root):
+                raise ValueError(
+                    f"staging directory {staging} is inside the output directory {root}; readers listing the "
+                    "output would see temp files. Put it next to the output directory, on the same file system."
+                )
+            return staging
+        if not root.name:
+            raise ValueError(f"output directory {root} has no name; give a staging_dir")
+        return root.parent / f".{root.name}{STAGING_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """One planned file, shipped to a Spark task (picklable)."""
+
+    name: str
+    """Base name without extension, e.g.
+    ``part-0a1b2c3d-00000000000000000004-00000000000000000009-00000-00064-5f3e2a1c``."""
+    log: LogLocation
+    plan: tuple[ReadItem, ...]
+    """From :meth:`logstore.LogStore.plan_read`."""
+    schema_bytes: bytes
+    """The sink's Arrow schema (``pa.Schema.serialize().to_pybytes()``), without the vnode column."""
+    partition_by: tuple[str, ...] = ()
+    row_group_rows: int = 1_000_000
+    """Rows per Parquet row group (a row group is written when a partition's buffer reaches it)."""
+    compression: str = "zstd"
+
+
+@dataclass(frozen=True)
+class WrittenObject:
+    key: str
+    """Path relative to the output root, ``/``-separated: ``<partition dirs>/<name>.parquet`` or ``<name>.parquet``."""
+    size: int
+    rows: int
+
+
+# -- filesystems ---------------------------------------------------------------------------------------------
+
+_fs_lock = threading.Lock()
+_fs_cache: dict[tuple[int, str, str], tuple[Any, str]] = {}
+
+
+def output_filesystem(output: OutputLocation) -> tuple[Any, str]:
+    """The fsspec filesystem and root path (no protocol, no trailing ``/``) of a non-local output.
+
+    Cached per process and per (URL, storage options); the options are only used as a cache key in memory.
+    """
+    options = dict(output.storage_options)
+    cache_key = (os.getpid(), output.url, json.dumps(options, sort_keys=True, default=repr))
+    with _fs_lock:
+        found = _fs_cache.get(cache_key)
+        if found is None:
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(output.url, **options)
+            found = _fs_cache[cache_key] = (fs, root.rstrip("/"))
+        return found
+
+
+def _protocols(fs: Any) -> set[str]:
+    protocol = fs.protocol
+    return set(protocol) if isinstance(protocol, tuple | list) else {protocol}
+
+
+# -- objects being written -----------------------------------------------------------------------------------
+
+
+class _Object(Protocol):
+    """One object of a task: opened and written, then finished, then published; or aborted."""
+
+    key: str
+
+    def open(self) -> BinaryIO: ...
+
+    def finish(self) -> int:
+        """Make the written bytes complete and durable (not visible); return the object's size."""
+
+    def publish(self) -> None:
+        """Make the object visible under its key."""
+
+    def abort(self) -> None:
+        """Remove what was written (never raises); a published object stays."""
+
+
+class _LocalObject:
+    def __init__(self, root: Path, staging: Path, key: str, temp_name: str) -> None:
+        self.key = key
+        self.final = root / key
+        self.temp = staging / temp_name
+        self._file: BinaryIO | None = None
+
+    def open(self) -> BinaryIO:
+        ensure_dir(self.temp.parent)
+        self._file = open(self.temp, "xb")  # noqa: SIM115 - closed by finish() or abort()
+        return self._file
+
+    def finish(self) -> int:
+        assert self._file is not None
+        f, self._file = self._file, None
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+            return os.fstat(f.fileno()).st_size
+        finally:
+            f.close()
+
+    def publish(self) -> None:
+        ensure_dir(self.final.parent)  # fsyncs the parents of the directories it creates
+        os.replace(self.temp, self.final)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+        try:
+            self.temp.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("could not remove temp file %s: %s", self.temp, e)
+
+
+class _DeferredObject:
+    """An fsspec file opened with ``autocommit=False``: for s3fs a multipart upload, completed by commit."""
+
+    def __init__(self, fs: Any, path: str, key: str) -> None:
+        self.key = key
+        self.fs = fs
+        self.path = path
+        self._file: Any = None
+        self._published = False
+
+    def open(self) -> BinaryIO:
+        # ``_open`` rather than ``open``: ``fs.open(..., autocommit=False)`` also registers the file with the
+        # filesystem's (shared, cached) transaction object, which would keep every file object alive.
+        self._file = self.fs._open(self.path, mode="wb", autocommit=False)
+        f: BinaryIO = self._file
+        return f
+
+    def finish(self) -> int:
+        size: int = self._file.tell()
+        self._file.close()  # uploads the last part; nothing is visible until commit()
+        return size
+
+    def publish(self) -> None:
+        self._file.commit()
+        self._published = True
+
+    def abort(self) -> None:
+        f = self._file
+        if f is None or self._published:
+            return
+        try:
+            f.discard()  # s3fs: aborts the multipart upload, if one was started, and drops the buffer
+        except Exception as e:
+            log.warning(
+                "could not abort the upload of %s (an incomplete multipart upload may be left; a bucket "
+                "lifecycle rule AbortIncompleteMultipartUpload removes those): %s",
+                self.path,
+                e,
+            )
+        f.closed = True  # never flush after discard (also not from the file's __del__)
+
+
+class _Target(Protocol):
+    def new_object(self, key: str, index: int) -> _Object: ...
+
+    def after_publish(self, objects: Sequence[_Object]) -> None: ...
+
+
+class _LocalTarget:
+    def __init__(self, output: OutputLocation, name: str) -> None:
+        self.root = output.local_root()
+        self.staging = output.local_staging()
+        self.name = name
+        self.run = uuid.uuid4().hex[:12]  # only temp names are random; they never become visible
+
+    def new_object(self, key: str, index: int) -> _Object:
+        return _LocalObject(self.root, self.staging, key, f".{self.name}.{index:05d}.{self.run}.tmp")
+
+    def after_publish(self, objects: Sequence[_Object]) -> None:
+        for directory in sorted({(self.root / o.key).parent for o in objects}):
+            fsync_dir(directory)
+
+
+class _DeferredTarget:
+    def __init__(self, output: OutputLocation) -> None:
+        self.fs, self.root = output_filesystem(output)
+        protocols = _protocols(self.fs)
+        if not protocols & DEFERRED_COMMIT_PROTOCOLS:
+            raise ValueError(
+                f"output {output.url}: protocol {'/'.join(sorted(protocols))} is not supported; the writer needs "
+                "files that stay invisible until committed (local directories and S3 are supported)"
+            )
+
+    def new_object(self, key: str, index: int) -> _Object:
+        return _DeferredObject(self.fs, f"{self.root}/{key}", key)
+
+    def after_publish(self, objects: Sequence[_Object]) -> None:
+        return None
+
+
+# -- one partition's Parquet file ----------------------------------------------------------------------------
+
+
+class _PartitionWriter:
+    """Buffers one partition's rows and writes them as row groups of ``row_group_rows`` rows."""
+
+    def __init__(self, task: FileTask, schema: pa.Schema, obj: _Object) -> None:
+        self.task = task
+        self.schema = schema
+        self.obj = obj
+        self.key = obj.key
+        self.rows = 0
+        self.size = 0
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffered = 0
+        self._writer: pq.ParquetWriter | None = None
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except FileWriteError:
+            raise
+        except Exception as e:
+            raise FileWriteError(f"file {self.task.name}: cannot {action} object {self.key}: {e}") from e
+
+    def _open(self) -> pq.ParquetWriter:
+        if self._writer is None:
+            with self._errors("open"):
+                sink = self.obj.open()
+                self._writer = pq.ParquetWriter(
+                    sink,
+                    self.schema,
+                    version=PARQUET_FORMAT_VERSION,
+                    compression=self.task.compression,
+                    use_dictionary=True,
+                    write_statistics=True,
+                    store_schema=True,
+                )
+        return self._writer
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self._buffer.append(batch)
+        self._buffered += batch.num_rows
+        self.rows += batch.num_rows
+        group = self.task.row_group_rows
+        if self._buffered >= group:
+            table = pa.Table.from_batches(self._buffer, self.schema)
+            full = self._buffered - self._buffered % group
+            self._write(table.slice(0, full))
+            rest = table.slice(full)
+            self._buffer = [b for b in rest.to_batches() if b.num_rows]
+            self._buffered = rest.num_rows
+
+    def _write(self, table: pa.Table) -> None:
+        writer = self._open()
+        with self._errors("write"):
+            writer.write_table(table, row_group_size=self.task.row_group_rows)
+
+    def finish(self) -> None:
+        """Write the buffered rows and the footer; the object is complete and durable, not yet visible."""
+        if self._buffered:
+            self._write(pa.Table.from_batches(self._buffer, self.schema))
+        self._buffer, self._buffered = [], 0
+        writer = self._open()  # a file without rows still gets its schema and footer
+        with self._errors("finish"):
+            writer.close()
+            self.size = self.obj.finish()
+
+    def publish(self) -> None:
+        with self._errors("publish"):
+            self.obj.publish()
+
+    def abort(self) -> None:
+        self._buffer = []
+        writer, self._writer = self._writer, None
+        if writer is not None and writer.is_open:
+            try:
+                writer.close()  # while its file is still open, so that no footer is written later from __del__
+            except Exception as e:
+                log.debug("closing the Parquet writer of %s during abort: %s", self.key, e)
+            writer.is_open = False
+        self.obj.abort()
+
+
+# -- write_file ----------------------------------------------------------------------------------------------
+
+
+def _check_task(task: FileTask, schema: pa.Schema) -> None:
+    name = task.name
+    if not name or name in {".", ".."} or "/" in name or "\\" in name or "\x00" in name:
+        raise ValueError(f"invalid file name {name!r}: it must be one path component")
+    if isinstance(task.row_group_rows, bool) or not isinstance(task.row_group_rows, int) or task.row_group_rows < 1:
+        raise ValueError(f"file {name}: row_group_rows must be a positive integer, not {task.row_group_rows!r}")
+    columns = schema.names
+    unknown = [c for c in task.partition_by if c not in columns]
+    if unknown:
+        raise ValueError(f"file {name}: partition columns {unknown} are not in the schema {columns}")
+    if len(set(task.partition_by)) != len(task.partition_by):
+        raise ValueError(f"file {name}: partition columns {list(task.partition_by)} are repeated")
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"file {name}: the schema has repeated column names {columns}")
+    if set(columns) <= set(task.partition_by):
+        raise ValueError(f"file {name}: every column is a partition column; the files would have no columns")
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogBatch) -> pa.RecordBatch:
+    """``batch`` with exactly ``schema`` (field metadata and nullability from it), or FileWriteError."""
+    if batch.schema.equals(schema, check_metadata=True):
+        return batch
+    where = f"file {task.name}: rows of vnode {item.vnode}, epoch {item.epoch}, segment {item.segment}"
+    names = batch.schema.names
+    for column in schema.names:
+        if column not in names:
+            raise FileWriteError(f"{where} lack column {column!r} of the sink schema")
+    for column in names:
+        if column not in schema.names:
+            raise FileWriteError(f"{where} have column {column!r}, which the sink schema does not have")
+    if names != schema.names:
+        column = next(a for a, b in zip(names, schema.names, strict=True) if a != b)
+        raise FileWriteError(f"{where} have column {column!r} out of place: {names}, expected {schema.names}")
+    for got, expected in zip(batch.schema, schema, strict=True):
+        if not got.type.equals(expected.type, check_metadata=True):
+            raise FileWriteError(
+                f"{where} have column {got.name!r} of type {got.type}, the sink schema says {expected.type}"
+            )
+        if not expected.nullable and batch.column(got.name).null_count:
+            raise FileWriteError(f"{where} have nulls in column {got.name!r}, which the sink schema declares not null")
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
+def _split(
+    batch: pa.RecordBatch, partition_by: tuple[str, ...], data_columns: list[str]
+) -> list[tuple[str, pa.RecordBatch]]:
+    """The rows of ``batch`` per partition directory, in input order within each, without the partition columns."""
+    data = batch.select(data_columns)
+    if not partition_by:
+        return [("", data)]
+    keys = pa.Table.from_batches([batch.select(list(partition_by))])
+    if batch.num_rows == 1:
+        return [(partition_dir(partition_by, list(keys.to_pylist()[0].values())), data)]
+    # Row indices 0..n-1 (indices of an all-true mask), listed per distinct key combination; without threads
+    # the hash aggregation consumes rows in order, so each list is ascending.
+    keys = keys.append_column(_ROW_INDEX, pc.indices_nonzero(pc.is_null(pa.nulls(batch.num_rows))))
+    groups = keys.group_by(list(partition_by), use_threads=False).aggregate([(_ROW_INDEX, "list")])
+    lists = groups.column(f"{_ROW_INDEX}_list")
+    values = groups.select(list(partition_by)).to_pylist()
+    if len(values) == 1:
+        return [(partition_dir(partition_by, list(values[0].values())), data)]
+    # Several key combinations can share a directory (null and "" both become the default partition): their
+    # rows go to one file, so merge their index lists back into input order.
+    per_dir: dict[str, list[pa.Array]] = {}
+    for i, row in enumerate(values):
+        per_dir.setdefault(partition_dir(partition_by, list(row.values())), []).append(lists[i].values)
+    out = []
+    for directory, parts in per_dir.items():
+        if len(parts) == 1:
+            indices = parts[0]
+        else:
+            merged = pa.concat_arrays(parts)
+            indices = merged.take(pc.array_sort_indices(merged))
+        out.append((directory, data.take(indices)))
+    return out
+
+
+def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
+    """Write the task's rows as Parquet objects under ``output``; return them sorted by key.
+
+    Objects become visible only after all of them are complete, in sorted key order. Raises
+    :class:`FileWriteError` for write failures (nothing new is visible unless publishing itself failed part
+    way) and lets log store errors (:class:`logstore.SegmentError`) through unchanged.
+    """
+    schema = pa.ipc.read_schema(pa.py_buffer(task.schema_bytes))
+    _check_task(task, schema)
+    data_columns = [c for c in schema.names if c not in task.partition_by]
+    file_schema = pa.schema([schema.field(c) for c in data_columns], metadata=schema.metadata)
+    target: _Target = _LocalTarget(output, task.name) if output.is_local else _DeferredTarget(output)
+    suffix = f"{task.name}{SUFFIX}"
+
+    partitions: dict[str, _PartitionWriter] = {}
+
+    def partition(directory: str) -> _PartitionWriter:
+        writer = partitions.get(directory)
+        if writer is None:
+            key = f"{directory}/{suffix}" if directory else suffix
+            obj = target.new_object(key, len(partitions))
+            writer = partitions[directory] = _PartitionWriter(task, file_schema, obj)
+        return writer
+
+    try:
+        for item in read_plan(task.log.open(), task.plan):
+            batch = _conform(item.batch, schema, task, item)
+            if batch.num_rows == 0:
+                continue
+            try:
+                pieces = _split(batch, task.partition_by, data_columns)
+            except (pa.ArrowException, ValueError) as e:
+                raise FileWriteError(f"file {task.name}: cannot split rows by {list(task.partition_by)}: {e}") from e
+            for directory, rows in pieces:
+                partition(directory).add(rows)
+        if not task.partition_by and not partitions:
+            partition("")  # exactly one object, even without rows
+        ordered = [partitions[d] for d in sorted(partitions, key=lambda d: partitions[d].key)]
+        for writer in ordered:
+            writer.finish()
+        for writer in ordered:
+            writer.publish()
+        try:
+            target.after_publish([w.obj for w in ordered])
+        except OSError as e:
+            raise FileWriteError(f"file {task.name}: cannot sync the directories of {ordered[0].key}: {e}") from e
+    except BaseException:
+        for writer in partitions.values():
+            writer.abort()
+        raise
+    return [WrittenObject(w.key, w.size, w.rows) for w in ordered]
+
+
+# -- object_keys ---------------------------------------------------------------------------------------------
+
+
+def object_keys(output: OutputLocation, name: str) -> list[tuple[str, int]]:
+    """Every visible ``<...>/<name>.parquet`` under the output, as (key relative to the root, size), sorted."""
+    basename = f"{name}{SUFFIX}"
+    found: list[tuple[str, int]] = []
+    if output.is_local:
+        root = output.local_root()
+        for dirpath, _dirs, files in os.walk(root):
+            if basename in files:
+                path = Path(dirpath) / basename
+                try:
+                    size = path.stat().st_size
+                except FileNotFoundError:
+                    continue
+                found.append((path.relative_to(root).as_posix(), size))
+        return sorted(found)
+    fs, prefix = output_filesystem(output)
+    fs.invalidate_cache()
+    try:
+        listing = fs.find(prefix, detail=True)  # s3fs: an undelimited listing of the prefix
+    except FileNotFoundError:
+        return []
+    for path, info in listing.items():
+        if info.get("type") == "directory" or not path.startswith(prefix + "/"):
+            continue
+        key = path[len(prefix) + 1 :]
+        if key.rsplit("/", 1)[-1] == basename:
+            found.append((key, int(info.get("size") or 0)))
+    return sorted(found)
