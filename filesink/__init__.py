@@ -1,1 +1,32 @@
-"""The Spark-facing exactly-once Parquet sink (built on :mod:`logstore`)."""
+"""The Spark-facing exactly-once Parquet sink (built on :mod:`logstore`).
+
+```python
+from filesink import ExactlyOnceParquetSink, Rollover
+sink = ExactlyOnceParquetSink(path="s3://bucket/table", state_dir="/var/lib/app/sink", key_columns=["user_id"])
+query = df.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt).start()
+```
+"""
+
+from .errors import (
+    CheckpointMismatchError,
+    CommitConflictError,
+    FileSinkError,
+    FileWriteError,
+    SchemaMismatchError,
+    SinkLockedError,
+    SinkOptionError,
+)
+from .rollover import Rollover
+from .sink import ExactlyOnceParquetSink
+
+__all__ = [
+    "CheckpointMismatchError",
+    "CommitConflictError",
+    "ExactlyOnceParquetSink",
+    "FileSinkError",
+    "FileWriteError",
+    "Rollover",
+    "SchemaMismatchError",
+    "SinkLockedError",
+    "SinkOptionError",
+]

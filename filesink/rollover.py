@@ -21,8 +21,8 @@ class Rollover:
     """When to close a file; any rule that is reached closes it. ``None`` turns a rule off.
 
     - ``target_file_size``: bytes of Parquet. The file is closed at the last epoch that keeps its estimated
-      size within the target once it reaches ``MIN_FILL`` of it (one epoch larger than the target makes a
-      file of its own: epochs are never split).
+      size within the target, once it holds at least ``MIN_FILL`` of it and one more epoch of the average size
+      would not fit (one epoch larger than the target makes a file of its own: epochs are never split).
     - ``max_rows``: rows in one file (files close at the last epoch that stays within it).
     - ``max_age_seconds``: seconds since the oldest epoch the file holds was sealed; also fires while the
       stream is idle.
@@ -91,6 +91,8 @@ def choose_end_epoch(
             return Decision(e.epoch, "rows")
         if rules.max_epochs is not None and i + 1 >= rules.max_epochs:
             return Decision(e.epoch, "epochs")
-    if rules.target_file_size is not None and size >= MIN_FILL * rules.target_file_size:
+    target = rules.target_file_size
+    if target is not None and size >= MIN_FILL * target and size + size / len(epochs) > target:
+        # Full enough, and one more epoch of the average size would not fit: close now.
         return Decision(epochs[-1].epoch, "size")
     return None

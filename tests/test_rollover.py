@@ -23,6 +23,9 @@ def test_size_closes_at_the_last_epoch_within_the_target():
     assert choose_end_epoch(rules, epochs(30, 30, 30, 30), now=NOW, bytes_per_log_byte=1.0) == Decision(2, "size")
     assert choose_end_epoch(rules, epochs(60, 60), now=NOW, bytes_per_log_byte=0.5) is None
     assert choose_end_epoch(rules, epochs(90, 90), now=NOW, bytes_per_log_byte=0.5) == Decision(1, "size")
+    # 85 of 100 is full enough, but another epoch of the average size (5) still fits: keep filling
+    assert choose_end_epoch(rules, epochs(*[10] * 17), now=NOW, bytes_per_log_byte=0.5) is None
+    assert choose_end_epoch(rules, epochs(*[10] * 20), now=NOW, bytes_per_log_byte=0.5) == Decision(19, "size")
 
 
 def test_an_epoch_larger_than_the_target_is_a_file_of_its_own():

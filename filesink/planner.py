@@ -1,0 +1,85 @@
+"""Plan rollover at a barrier: which files to write now, each covering one writer's vnode range.
+
+Writers own contiguous vnode ranges (``writer_ranges``). For each writer the rollover rules look at what its
+vnodes hold above their truncate points; a file covers, per vnode, ``(truncate point, end epoch]``. The plan
+and the file name are functions of the state database alone, so re-planning after a crash gives the same
+names for the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import defaultdict
+
+from logstore import LogStore
+
+from .rollover import EpochBacklog, Rollover, choose_end_epoch
+from .state import PlannedFile
+
+
+def writer_ranges(vnodes: int, parallelism: int) -> list[range]:
+    """``parallelism`` contiguous vnode ranges covering ``0..vnodes-1`` (sizes differ by at most one)."""
+    parallelism = max(1, min(parallelism, vnodes))
+    return [range(i * vnodes // parallelism, (i + 1) * vnodes // parallelism) for i in range(parallelism)]
+
+
+def file_name(sink_id: str, writer: range, starts: dict[int, int], end_epoch: int) -> str:
+    """A name that only this data can have: sink, first and last epoch, vnode range, per-vnode starts."""
+    digest = zlib.crc32(json.dumps(sorted(starts.items())).encode())
+    first = min(starts.values())
+    return f"part-{sink_id[:8]}-{first:020d}-{end_epoch:020d}-{writer.start:05d}-{writer.stop - 1:05d}-{digest:08x}"
+
+
+def plan(
+    store: LogStore,
+    rules: Rollover,
+    parallelism: int,
+    *,
+    now: float,
+    bytes_per_log_byte: float,
+    force: bool = False,
+) -> tuple[list[PlannedFile], list[int]]:
+    """The files to write now, and the vnodes that hold nothing (their truncate points can just advance).
+
+    With ``force`` (flush), every writer with data writes a file up to the last sealed epoch.
+    """
+    held: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)  # vnode -> epoch -> (rows, bytes)
+    sealed_at: dict[int, float] = {}
+    for vnode, epoch, rows, size, at in store.db.execute(
+        """
+        SELECT sv.vnode, sv.epoch, SUM(sv.rows), SUM(sv.bytes), e.sealed_at
+        FROM log_segment_vnodes sv
+        JOIN log_vnodes v ON v.vnode = sv.vnode
+        JOIN log_epochs e ON e.epoch = sv.epoch
+        WHERE sv.epoch > v.truncated_epoch
+        GROUP BY sv.vnode, sv.epoch
+        """
+    ):
+        held[vnode][epoch] = (rows, size)
+        sealed_at[epoch] = at
+    points = store.truncate_points()
+    files: list[PlannedFile] = []
+    for writer in writer_ranges(store.vnodes, parallelism):
+        per_epoch: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for v in writer:
+            for epoch, (rows, size) in held.get(v, {}).items():
+                per_epoch[epoch][0] += rows
+                per_epoch[epoch][1] += size
+        if not per_epoch:
+            continue
+        backlog = [EpochBacklog(e, r, b, sealed_at[e]) for e, (r, b) in sorted(per_epoch.items())]
+        if force:
+            end, reason = backlog[-1].epoch, "flush"
+        else:
+            decision = choose_end_epoch(rules, backlog, now=now, bytes_per_log_byte=bytes_per_log_byte)
+            if decision is None:
+                continue
+            end, reason = decision.end_epoch, decision.reason
+        starts = {v: points[v] + 1 for v in writer if any(e <= end for e in held.get(v, {}))}
+        rows = sum(r for v in starts for e, (r, _) in held[v].items() if e <= end)
+        size = sum(b for v in starts for e, (_, b) in held[v].items() if e <= end)
+        name = file_name(store.sink_id, writer, starts, end)
+        files.append(PlannedFile(name, writer.start, writer.stop - 1, starts, end, rows, size, reason))
+    idle = [v for v in range(store.vnodes) if v not in held]
+    return files, idle

@@ -1,0 +1,356 @@
+"""``ExactlyOnceParquetSink``: the object a Spark user passes to ``foreachBatch``.
+
+Per epoch (one micro-batch), under one lock shared with the idle-rollover timer:
+
+1. replay check (a batch id equal to the last sealed epoch is a replay: its append is skipped; a lower one is
+   an error);
+2. append: one Spark job, each task writes one log segment (rows cross from the JVM to Python once);
+3. seal: one transaction records the epoch and its segments;
+4. plan rollover at the barrier, 5. pre-commit the planned files, 6. write them (one Spark task per file),
+7. commit them and advance truncate points (one transaction), 8. collect log garbage.
+
+At construction the sink takes the state directory's lock, and resolves files left pending by an earlier
+run: a file that is visible is committed, one that is not is dropped and its data written again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from logstore import VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
+from logstore.storage import ensure_dir
+
+from .errors import CheckpointMismatchError, SchemaMismatchError, SinkLockedError, SinkOptionError
+from .planner import plan
+from .rollover import Rollover
+from .state import PlannedFile, SinkState
+from .writer import FileTask, OutputLocation, object_keys, write_file
+
+LOCK_FILE = "sink.lock"
+GC_SWEEP_EVERY = 20
+"""Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def _columns(value: Sequence[str] | None, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not all(isinstance(c, str) and c for c in value):
+        raise SinkOptionError(f"{name} must be a list of column names, not {value!r}")
+    if len(set(value)) != len(value):
+        raise SinkOptionError(f"{name} lists a column twice: {list(value)!r}")
+    if VNODE_COLUMN in value:
+        raise SinkOptionError(f"{name}: the column name {VNODE_COLUMN!r} is reserved by the sink")
+    return list(value)
+
+
+class _StateLock:
+    """An exclusive OS lock on the state directory: released by the OS when the holder dies."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_FILE
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.fd)
+            raise SinkLockedError(
+                f"the state directory {state_dir} is in use by another live sink ({holder}). Only one query may "
+                "write through a state directory at a time. The lock is an OS file lock, released when its holder "
+                "exits: if that process is gone, nothing holds it and you can start again."
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n".encode(), 0)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+class ExactlyOnceParquetSink:
+    """Writes every row of a streaming query exactly once into large Parquet files; see the module docstring."""
+
+    def __init__(
+        self,
+        path: str,
+        state_dir: str | os.PathLike[str],
+        log_store: str | None = None,
+        key_columns: Sequence[str] | None = None,
+        vnodes: int = 256,
+        parallelism: int | None = None,
+        partition_by: Sequence[str] | None = None,
+        rollover: Rollover | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        row_group_rows: int = 1_000_000,
+        compression: str = "zstd",
+    ) -> None:
+        if not isinstance(path, str) or not path:
+            raise SinkOptionError(
+                f"path must be a local directory or an fsspec URL such as s3://bucket/table, not {path!r}"
+            )
+        if not isinstance(vnodes, int) or isinstance(vnodes, bool) or not 1 <= vnodes <= 2**15:
+            raise SinkOptionError(f"vnodes must be an integer from 1 to 32768, not {vnodes!r}")
+        if parallelism is not None and (
+            not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1
+        ):
+            raise SinkOptionError(
+                f"parallelism must be a positive integer or None (Spark's default), not {parallelism!r}"
+            )
+        if rollover is not None and not isinstance(rollover, Rollover):
+            raise SinkOptionError(f"rollover must be a filesink.Rollover, not {type(rollover).__name__}")
+        if not isinstance(row_group_rows, int) or row_group_rows < 1:
+            raise SinkOptionError(f"row_group_rows must be a positive integer, not {row_group_rows!r}")
+        self.key_columns = _columns(key_columns, "key_columns")
+        self.partition_by = _columns(partition_by, "partition_by") or []
+        self.rollover = rollover or Rollover()
+        self.parallelism = parallelism
+        self.vnodes = vnodes
+        options = dict(storage_options or {})
+        state = Path(state_dir).absolute()
+        if _is_local(path):
+            path = str(Path(path.removeprefix("file://")).expanduser().absolute())
+            if state == Path(path) or Path(path) in state.parents or state in Path(path).parents:
+                raise SinkOptionError(f"state_dir {state} and the output path {path} must not contain each other")
+            ensure_dir(Path(path))
+        self.path = path.rstrip("/")
+        ensure_dir(state)
+        self.state_dir = state
+        self._row_group_rows = row_group_rows
+        self._compression = compression
+        self._lock = threading.RLock()
+        self._state_lock = _StateLock(state)
+        try:
+            log_options = options if log_store and not _is_local(log_store) else None
+            self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
+            self._state = SinkState(self._store)
+            self._state.check_config(self.path, self.key_columns, self.partition_by)
+            staging = None
+            if _is_local(self.path) and os.stat(state).st_dev == os.stat(self.path).st_dev:
+                staging = str(state / "staging")
+            self._output = OutputLocation(self.path, options, staging_dir=staging)
+            self._spark: Any = None
+            self._epochs_since_sweep = 0
+            self._recover()
+        except BaseException:
+            self._state_lock.release()
+            raise
+        self._closed = False
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+        self._timer_error: BaseException | None = None
+
+    # -- foreachBatch ----------------------------------------------------------------------------------
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        """Process one micro-batch: ``query = df.writeStream.foreachBatch(sink).start()``."""
+        with self._lock:
+            self._check_usable()
+            self._spark = df.sparkSession
+            if self.parallelism is None:
+                self.parallelism = int(self._spark.sparkContext.defaultParallelism)
+            last = self._store.last_sealed_epoch
+            if batch_id < last:
+                raise CheckpointMismatchError(
+                    f"batch {batch_id} arrived, but epoch {last} is already sealed in {self.state_dir}. This happens "
+                    "when the query's checkpoint was reset or deleted, or when a second query writes through this "
+                    "state directory. Restore the checkpoint, or give the query a new state directory and output."
+                )
+            if batch_id > last:
+                self._check_schema(df.schema)
+                descriptors = self._append(df, batch_id)
+                self._store.seal(batch_id, descriptors)
+                if descriptors and self._state.arrow_schema() is None:
+                    self._state.record_schema(self._spark_schema_json(df.schema), _nullable(descriptors[0]))
+            self._roll(force=False)
+            self._start_timer()
+
+    def flush(self) -> None:
+        """Write everything the log store holds now (for example after an available-now run)."""
+        with self._lock:
+            self._check_usable()
+            self._roll(force=True)
+
+    def close(self) -> None:
+        """Stop the idle-rollover timer and release the state directory. Data held stays in the log store."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stop.set()
+        if self._timer is not None and self._timer is not threading.current_thread():
+            self._timer.join(timeout=60)
+        with self._lock:
+            self._store.close()
+            self._state_lock.release()
+
+    def __enter__(self) -> ExactlyOnceParquetSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("ExactlyOnceParquetSink lives on the driver; pass it to foreachBatch, not to tasks")
+
+    # -- steps -----------------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SinkOptionError(f"the sink for {self.path} is closed; create a new one to write again")
+        if self._timer_error is not None:
+            raise self._timer_error
+
+    @staticmethod
+    def _spark_schema_json(schema: Any) -> str:
+        return json.dumps([[f.name, f.dataType.simpleString()] for f in schema.fields])
+
+    def _check_schema(self, schema: Any) -> None:
+        names = [f.name for f in schema.fields]
+        for option, columns in (("key_columns", self.key_columns or []), ("partition_by", self.partition_by)):
+            missing = [c for c in columns if c not in names]
+            if missing:
+                raise SinkOptionError(f"{option} names columns the batch does not have: {missing} (it has {names})")
+        if VNODE_COLUMN in names:
+            raise SchemaMismatchError(f"the batch has a column named {VNODE_COLUMN!r}, which the sink reserves")
+        if self.partition_by and len(self.partition_by) == len(names):
+            raise SinkOptionError("partition_by names every column; the files would have no columns left")
+        current = self._spark_schema_json(schema)
+        recorded = self._state.spark_schema()
+        if recorded is None:
+            self._state.record_schema(current, None)
+            return
+        if recorded == current:
+            return
+        before, now = dict(json.loads(recorded)), dict(json.loads(current))
+        problems = [f"{c} ({t}) is missing" for c, t in before.items() if c not in now]
+        problems += [f"{c} ({t}) is new" for c, t in now.items() if c not in before]
+        problems += [f"{c} changed from {before[c]} to {now[c]}" for c in before if c in now and before[c] != now[c]]
+        if not problems:
+            problems = [f"the column order changed from {list(before)} to {list(now)}"]
+        raise SchemaMismatchError(
+            f"the batch's schema differs from the one this sink was created with: {'; '.join(problems)}. "
+            "Nothing of this batch was written. A sink keeps one schema; write a changed schema to a new sink."
+        )
+
+    def _append(self, df: Any, epoch: int) -> list[SegmentDescriptor]:
+        from pyspark.sql import functions as F
+
+        keys = self.key_columns or [f.name for f in df.schema.fields]
+        vnode = F.pmod(F.hash(*[F.col(c) for c in keys]), F.lit(self._store.vnodes)).cast("int")
+        target = self._store.target
+
+        def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            writer = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver"
+            descriptor = append_segment(target, epoch, batches, writer_id=writer)
+            if descriptor is not None:
+                yield pa.record_batch([pa.array([pickle.dumps(descriptor)], pa.binary())], names=["descriptor"])
+
+        rows = df.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, "descriptor binary").collect()
+        return [pickle.loads(r.descriptor) for r in rows]
+
+    def _file_task(self, f: PlannedFile) -> FileTask:
+        schema = self._state.arrow_schema()
+        assert schema is not None, "files are planned only once data, and so its schema, was sealed"
+        return FileTask(
+            name=f.name,
+            log=self._store.target.location,
+            plan=tuple(self._store.plan_read(f.after(), f.end_epoch)),
+            schema_bytes=schema,
+            partition_by=tuple(self.partition_by),
+            row_group_rows=self._row_group_rows,
+            compression=self._compression,
+        )
+
+    def _write(self, files: list[PlannedFile]) -> dict[str, int]:
+        """Write the planned files, one Spark task per file (in this process when there is no Spark yet)."""
+        tasks = [self._file_task(f) for f in files]
+        output = self._output
+        if self._spark is None:
+            results = [(t.name, write_file(output, t)) for t in tasks]
+        else:
+            rdd = self._spark.sparkContext.parallelize(tasks, len(tasks))
+            results = rdd.map(lambda t: (t.name, write_file(output, t))).collect()
+        return {name: sum(o.size for o in objects) for name, objects in results}
+
+    def _roll(self, *, force: bool) -> None:
+        files, idle = plan(
+            self._store,
+            self.rollover,
+            self.parallelism or 1,
+            now=time.time(),
+            bytes_per_log_byte=self._state.bytes_per_log_byte(),
+            force=force,
+        )
+        written: dict[str, int] = {}
+        if files:
+            self._state.precommit(files)
+            written = self._write(files)
+        self._state.commit(files, written, idle)
+        self._epochs_since_sweep += 1
+        sweep = self._epochs_since_sweep >= GC_SWEEP_EVERY
+        if sweep:
+            self._epochs_since_sweep = 0
+        self._store.collect_garbage(sweep=sweep)
+
+    def _recover(self) -> None:
+        """Resolve files left pending by an earlier run, then remove the log's unsealed garbage."""
+        for f in self._state.pending():
+            found = object_keys(self._output, f.name)
+            if not found:
+                self._state.drop(f)
+            elif self.partition_by:
+                # Some of the file's partition objects are visible, maybe not all: write it again (the same
+                # plan gives the same objects), then commit.
+                objects = write_file(self._output, self._file_task(f))
+                self._state.commit([f], {f.name: sum(o.size for o in objects)}, [])
+            else:
+                self._state.commit([f], {f.name: sum(size for _, size in found)}, [])
+        self._store.collect_garbage(unsealed=True)
+
+    # -- idle rollover ---------------------------------------------------------------------------------
+
+    def _start_timer(self) -> None:
+        if self._timer is not None or self.rollover.max_age_seconds is None:
+            return
+        interval = max(0.1, min(5.0, self.rollover.max_age_seconds / 4))
+        self._timer = threading.Thread(target=self._tick, args=(interval,), name="filesink-idle-rollover", daemon=True)
+        self._timer.start()
+
+    def _tick(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                with self._lock:
+                    if self._closed:
+                        return
+                    self._roll(force=False)
+            except BaseException as e:  # reported by the next batch, flush or close
+                self._timer_error = e
+                return
+
+
+def _nullable(descriptor: SegmentDescriptor) -> bytes:
+    """The Arrow schema of a segment with every field nullable: what the sink's files are written with."""
+    schema = pa.ipc.read_schema(pa.py_buffer(descriptor.schema_bytes))
+    nullable = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+    return bytes(nullable.serialize().to_pybytes())

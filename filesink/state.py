@@ -1,0 +1,228 @@
+"""The file sink's tables in the sink's state database: its configuration and the pre-committed files.
+
+A file is **pending** from pre-commit until recovery or the commit step resolves it. Both terminal states
+delete its rows (the vnodes' truncate points then say everything), so the tables hold open work only:
+
+- **committed**: the file is visible; its vnodes are truncated to its end epoch in the same transaction;
+- **dropped**: the file is not visible; its vnodes keep their truncate points and the data is written again.
+
+Each transition is a compare-and-swap on the pending row: if it is gone, another writer or recovery got
+there first and :class:`CommitConflictError` is raised.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from logstore import LogStore
+from logstore.statedb import apply_migrations
+
+from .errors import CommitConflictError, SinkOptionError
+
+migrations = Migrations("filesink")
+
+
+@migrations(name="0001_sink_tables")
+def _initial(db: sqlite_utils.Database) -> None:
+    db.executescript(
+        """
+        CREATE TABLE sink_config (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            output TEXT NOT NULL,
+            key_columns TEXT NOT NULL,
+            partition_by TEXT NOT NULL,
+            spark_schema TEXT,
+            arrow_schema BLOB,
+            bytes_per_log_byte REAL NOT NULL DEFAULT 1.0,
+            files_written INTEGER NOT NULL DEFAULT 0,
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE sink_files (
+            name TEXT PRIMARY KEY,
+            state TEXT NOT NULL CHECK (state IN ('pending')),
+            vnode_lo INTEGER NOT NULL,
+            vnode_hi INTEGER NOT NULL,
+            end_epoch INTEGER NOT NULL,
+            rows INTEGER NOT NULL,
+            log_bytes INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE sink_file_vnodes (
+            name TEXT NOT NULL REFERENCES sink_files(name) ON DELETE CASCADE,
+            vnode INTEGER NOT NULL,
+            start_epoch INTEGER NOT NULL,
+            end_epoch INTEGER NOT NULL,
+            PRIMARY KEY (name, vnode)
+        ) WITHOUT ROWID;
+        CREATE INDEX sink_file_vnodes_by_vnode ON sink_file_vnodes(vnode);
+        """
+    )
+
+
+class FileState(StrEnum):
+    PENDING = "pending"
+    """Pre-committed: the file may or may not be visible; its log data is kept until it is resolved."""
+    COMMITTED = "committed"
+    """Visible and recorded by truncating its vnodes to its end epoch; its rows are deleted."""
+    DROPPED = "dropped"
+    """Not visible; its rows are deleted and its vnodes' data is written again from the log store."""
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One file of a plan: for each vnode of ``vnode_lo..vnode_hi`` with data, epochs ``start..end_epoch``."""
+
+    name: str
+    vnode_lo: int
+    vnode_hi: int
+    starts: dict[int, int] = field(hash=False)
+    end_epoch: int
+    rows: int
+    log_bytes: int
+    reason: str
+
+    def after(self) -> dict[int, int]:
+        """Per vnode, the epoch after which the file's data starts (for ``LogStore.plan_read``)."""
+        return {v: s - 1 for v, s in self.starts.items()}
+
+
+class SinkState:
+    """Reads and changes the file sink's tables; every multi-row change is one transaction."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+        self.db = store.db
+        apply_migrations(self.db, migrations, where=f"sink state of {store.location.canonical}")
+
+    # -- configuration -------------------------------------------------------------------------------
+
+    def check_config(self, output: str, key_columns: list[str] | None, partition_by: list[str]) -> None:
+        """Record the sink's identity at creation; later, refuse a different output, keys or partitioning."""
+        row = self.db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
+        keys = json.dumps(key_columns)
+        parts = json.dumps(partition_by)
+        if row is None:
+            with self.db.atomic():
+                self.db.execute(
+                    "INSERT INTO sink_config (id, output, key_columns, partition_by, created_at) "
+                    "VALUES (1, ?, ?, ?, datetime('now'))",
+                    (output, keys, parts),
+                )
+            return
+        for what, recorded, given in (
+            ("output path", row[0], output),
+            ("key_columns", row[1], keys),
+            ("partition_by", row[2], parts),
+        ):
+            if recorded != given:
+                raise SinkOptionError(
+                    f"the state directory belongs to a sink created with {what} {recorded}, not {given}. "
+                    "A sink keeps these for life: use the original value, or a new state directory and output."
+                )
+
+    def spark_schema(self) -> str | None:
+        value: str | None = self.db.execute("SELECT spark_schema FROM sink_config").fetchone()[0]
+        return value
+
+    def arrow_schema(self) -> bytes | None:
+        value: bytes | None = self.db.execute("SELECT arrow_schema FROM sink_config").fetchone()[0]
+        return value
+
+    def record_schema(self, spark_schema: str, arrow_schema: bytes | None) -> None:
+        with self.db.atomic():
+            self.db.execute(
+                "UPDATE sink_config SET spark_schema = ?, arrow_schema = COALESCE(arrow_schema, ?)",
+                (spark_schema, arrow_schema),
+            )
+
+    def bytes_per_log_byte(self) -> float:
+        value: float = self.db.execute("SELECT bytes_per_log_byte FROM sink_config").fetchone()[0]
+        return value
+
+    # -- pending files -------------------------------------------------------------------------------
+
+    def precommit(self, files: Iterable[PlannedFile]) -> None:
+        """Record every planned file as pending, in one transaction, before any byte of them is written."""
+        files = list(files)
+        with self.db.atomic():
+            for f in files:
+                self.db.execute(
+                    "INSERT INTO sink_files (name, state, vnode_lo, vnode_hi, end_epoch, rows, log_bytes, reason, "
+                    "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        f.name,
+                        FileState.PENDING.value,
+                        f.vnode_lo,
+                        f.vnode_hi,
+                        f.end_epoch,
+                        f.rows,
+                        f.log_bytes,
+                        f.reason,
+                        time.time(),
+                    ),
+                )
+                self.db.conn.executemany(
+                    "INSERT INTO sink_file_vnodes (name, vnode, start_epoch, end_epoch) VALUES (?, ?, ?, ?)",
+                    [(f.name, v, s, f.end_epoch) for v, s in sorted(f.starts.items())],
+                )
+
+    def pending(self) -> list[PlannedFile]:
+        files = []
+        for name, lo, hi, end, rows, log_bytes, reason in self.db.execute(
+            "SELECT name, vnode_lo, vnode_hi, end_epoch, rows, log_bytes, reason FROM sink_files ORDER BY name"
+        ).fetchall():
+            starts = dict(
+                self.db.execute("SELECT vnode, start_epoch FROM sink_file_vnodes WHERE name = ?", (name,)).fetchall()
+            )
+            files.append(PlannedFile(name, lo, hi, starts, end, rows, log_bytes, reason))
+        return files
+
+    def _resolve(self, f: PlannedFile, to: FileState) -> None:
+        cursor = self.db.execute(
+            "DELETE FROM sink_files WHERE name = ? AND state = ?", (f.name, FileState.PENDING.value)
+        )
+        if cursor.rowcount != 1:
+            raise CommitConflictError(
+                f"file {f.name} (vnodes {f.vnode_lo}..{f.vnode_hi}, epochs up to {f.end_epoch}) is no longer "
+                f"pending, so it cannot become {to.value}: another writer or recovery resolved it first"
+            )
+
+    def commit(self, files: Iterable[PlannedFile], written_bytes: dict[str, int], idle_vnodes: Iterable[int]) -> None:
+        """Mark files committed and advance their vnodes' truncate points, in one transaction.
+
+        ``idle_vnodes`` (vnodes with nothing held) are truncated to the last sealed epoch at the same time, so
+        that truncate points, and with them the log's metadata, keep up where there is no data.
+        """
+        files = list(files)
+        with self.db.atomic():
+            points: dict[int, int] = {}
+            for f in files:
+                self._resolve(f, FileState.COMMITTED)
+                points.update(dict.fromkeys(range(f.vnode_lo, f.vnode_hi + 1), f.end_epoch))
+            current = self.store.truncate_points()
+            last = self.store.last_sealed_epoch
+            for v in idle_vnodes:
+                if v not in points and current[v] < last:
+                    points[v] = last
+            self.store.truncate({v: e for v, e in points.items() if e > current[v]})
+            log_bytes = sum(f.log_bytes for f in files if f.name in written_bytes)
+            if log_bytes:
+                ratio = sum(written_bytes.values()) / log_bytes
+                # The latest files' ratio: Parquet compresses better as files grow, so older, smaller files
+                # would keep the estimate too high.
+                self.db.execute(
+                    "UPDATE sink_config SET files_written = files_written + ?, bytes_per_log_byte = ?",
+                    (len(files), ratio),
+                )
+
+    def drop(self, f: PlannedFile) -> None:
+        with self.db.atomic():
+            self._resolve(f, FileState.DROPPED)

@@ -1,0 +1,64 @@
+"""Input batches and output readers for the sink tests: outputs are compared as exact multisets of rows."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import duckdb
+import fsspec
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+COLUMNS = ["id", "user_id", "event_date", "amount"]
+
+
+def batch_rows(batch: int, rows: int, seed: int = 0) -> list[tuple]:
+    """Rows of one micro-batch: ids are unique per batch, values a pure function of (seed, batch)."""
+    rng = random.Random(seed * 100_003 + batch)
+    first = batch * 1_000_000
+    return [
+        (first + i, rng.randrange(1000), f"2024-01-{1 + rng.randrange(3):02d}", round(rng.random() * 100, 2))
+        for i in range(rows)
+    ]
+
+
+def batch_df(spark, rows: list[tuple]):
+    return spark.createDataFrame(rows, "id long, user_id long, event_date string, amount double")
+
+
+def _fs(path: str, options: dict | None):
+    if "://" not in path:
+        return fsspec.filesystem("file"), path
+    fs, root = fsspec.core.url_to_fs(path, **(options or {}))
+    fs.invalidate_cache()
+    return fs, root
+
+
+def parquet_files(path: str, options: dict | None = None) -> list[str]:
+    """Every object under the output, relative to it."""
+    fs, root = _fs(path, options)
+    if not fs.exists(root):
+        return []
+    return sorted(p[len(root.rstrip("/")) + 1 :] for p in fs.find(root))
+
+
+def read_pyarrow(path: str, options: dict | None = None, partition_by: tuple[str, ...] = ()) -> Counter:
+    fs, root = _fs(path, options)
+    hive = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_by]), flavor="hive") if partition_by else None
+    table = ds.dataset(root, filesystem=fs, format="parquet", partitioning=hive).to_table(columns=COLUMNS)
+    return Counter(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True))
+
+
+def read_duckdb(path: str, options: dict | None = None, partition_by: tuple[str, ...] = ()) -> Counter:
+    con = duckdb.connect()
+    if "://" in path:
+        fs, _ = _fs(path, options)
+        con.register_filesystem(fs)
+    hive = "true" if partition_by else "false"
+    glob = path.rstrip("/") + "/**/*.parquet"
+    types = ", hive_types={" + ", ".join(f"'{c}': 'VARCHAR'" for c in partition_by) + "}" if partition_by else ""
+    rows = con.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM read_parquet('{glob}', hive_partitioning={hive}{types})"
+    ).fetchall()
+    return Counter(rows)

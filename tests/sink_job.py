@@ -1,0 +1,55 @@
+"""A streaming job run as a subprocess by the kill tests: file source -> ExactlyOnceParquetSink.
+
+Usage: python sink_job.py INPUT OUTPUT STATE CHECKPOINT PARALLELISM
+
+Reads the Parquet files of INPUT one per micro-batch (available-now), writes them through the sink, flushes
+and prints ``done``. Killed at any moment, it is simply started again.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pyspark.sql import SparkSession
+
+from filesink import ExactlyOnceParquetSink, Rollover
+
+SCHEMA = "id long, user_id long, event_date string, amount double"
+
+
+def main() -> None:
+    source, output, state, checkpoint, parallelism = sys.argv[1:6]
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    sink = ExactlyOnceParquetSink(
+        output,
+        state,
+        key_columns=["user_id"],
+        vnodes=32,
+        parallelism=int(parallelism),
+        rollover=Rollover(target_file_size=None, max_epochs=2, max_age_seconds=None),
+    )
+    print("started", flush=True)
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source)
+    query = (
+        stream.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    sink.flush()
+    sink.close()
+    spark.stop()
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
