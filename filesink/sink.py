@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from logstore import VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
+from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir
 
 from .errors import CheckpointMismatchError, SchemaMismatchError, SinkLockedError, SinkOptionError
@@ -305,8 +306,12 @@ class ExactlyOnceParquetSink:
         written: dict[str, int] = {}
         if files:
             self._state.precommit(files)
+            failpoint("filesink.precommit.after")
             written = self._write(files)
+            failpoint("filesink.write.after")
         self._state.commit(files, written, idle)
+        if files:
+            failpoint("filesink.commit.after")
         self._epochs_since_sweep += 1
         sweep = self._epochs_since_sweep >= GC_SWEEP_EVERY
         if sweep:

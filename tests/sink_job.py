@@ -37,9 +37,14 @@ def main() -> None:
         rollover=Rollover(target_file_size=None, max_epochs=2, max_age_seconds=None),
     )
     print("started", flush=True)
+
+    def batch(df, batch_id):  # the sink, and a progress line the kill test waits for
+        sink(df, batch_id)
+        print(f"batch {batch_id}", flush=True)
+
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source)
     query = (
-        stream.writeStream.foreachBatch(sink)
+        stream.writeStream.foreachBatch(batch)
         .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True)
         .start()

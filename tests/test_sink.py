@@ -235,3 +235,40 @@ def test_a_real_streaming_query(spark, tmp_path):
     sink.close()
     assert read_duckdb(path) == expected
     assert read_pyarrow(path) == expected
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+@pytest.mark.parametrize(
+    ("point", "visible"),
+    [("filesink.precommit.after", False), ("filesink.write.after", True), ("filesink.commit.after", True)],
+)
+def test_restart_resolves_pending_files_by_visibility(spark, tmp_path, monkeypatch, point, visible, partitioned):
+    """Fail between pre-commit and commit; the next sink commits visible files and rewinds the others."""
+    path = str(tmp_path / "out")
+    partition_by = ["event_date"] if partitioned else None
+    parts = ("event_date",) if partitioned else ()
+
+    def open_sink():
+        return ExactlyOnceParquetSink(
+            path, tmp_path / "state", vnodes=8, parallelism=2, rollover=NO_AGE, partition_by=partition_by
+        )
+
+    sink = open_sink()
+    expected = _run(sink, spark, 2)
+    monkeypatch.setenv(ENV_VAR, f"{point}=raise")
+    with pytest.raises(FailpointError):
+        sink.flush()
+    monkeypatch.delenv(ENV_VAR)
+    pending = sink._state.pending()
+    assert bool(pending) == (point != "filesink.commit.after")
+    assert bool(parquet_files(path)) == visible
+    sink.close()
+    sink = open_sink()  # start-up recovery
+    assert sink._state.pending() == []
+    points = set(sink._store.truncate_points().values())
+    assert points == ({1} if visible else {-1}), "visible files are committed, invisible ones rewound"
+    expected.update(_run(sink, spark, 1, first=2))
+    sink.flush()
+    sink.close()
+    assert read_pyarrow(path, None, parts) == expected
+    assert read_duckdb(path, None, parts) == expected
