@@ -37,7 +37,7 @@ from .errors import CheckpointMismatchError, SchemaMismatchError, SinkLockedErro
 from .planner import plan
 from .rollover import Rollover
 from .state import PlannedFile, SinkState
-from .writer import FileTask, OutputLocation, object_keys, write_file
+from .writer import FileTask, OutputLocation, clear_staging, object_keys, write_file
 
 LOCK_FILE = "sink.lock"
 GC_SWEEP_EVERY = 20
@@ -319,7 +319,7 @@ class ExactlyOnceParquetSink:
         self._store.collect_garbage(sweep=sweep)
 
     def _recover(self) -> None:
-        """Resolve files left pending by an earlier run, then remove the log's unsealed garbage."""
+        """Resolve files left pending by an earlier run, then remove temp files and the log's unsealed garbage."""
         for f in self._state.pending():
             found = object_keys(self._output, f.name)
             if not found:
@@ -331,6 +331,7 @@ class ExactlyOnceParquetSink:
                 self._state.commit([f], {f.name: sum(o.size for o in objects)}, [])
             else:
                 self._state.commit([f], {f.name: sum(size for _, size in found)}, [])
+        clear_staging(self._output)
         self._store.collect_garbage(unsealed=True)
 
     # -- idle rollover ---------------------------------------------------------------------------------

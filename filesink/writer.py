@@ -527,3 +527,21 @@ def object_keys(output: OutputLocation, name: str) -> list[tuple[str, int]]:
         if key.rsplit("/", 1)[-1] == basename:
             found.append((key, int(info.get("size") or 0)))
     return sorted(found)
+
+
+def clear_staging(output: OutputLocation) -> int:
+    """Delete the temp files writers left in a local output's staging directory; return how many.
+
+    Only for start-up, while no writer of this sink can run. Only names this module gives temp files
+    (``.part-*.tmp``) are touched.
+    """
+    if not output.is_local:
+        return 0
+    staging = output.local_staging()
+    if not staging.is_dir():
+        return 0
+    removed = 0
+    for path in staging.glob(".part-*.tmp"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed

@@ -263,8 +263,12 @@ def test_restart_resolves_pending_files_by_visibility(spark, tmp_path, monkeypat
     assert bool(pending) == (point != "filesink.commit.after")
     assert bool(parquet_files(path)) == visible
     sink.close()
+    staging = tmp_path / "state" / "staging"
+    staging.mkdir(exist_ok=True)
+    (staging / ".part-left-by-a-killed-writer.00000.x.tmp").write_bytes(b"partial")
     sink = open_sink()  # start-up recovery
     assert sink._state.pending() == []
+    assert list(staging.iterdir()) == [], "temp files of killed writers are removed at start"
     points = set(sink._store.truncate_points().values())
     assert points == ({1} if visible else {-1}), "visible files are committed, invisible ones rewound"
     expected.update(_run(sink, spark, 1, first=2))
