@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from . import ExactlyOnceParquetSink, Rollover
+from .localspark import local_spark
 
 SCHEMA = "event_id long, user_id long, event_date string, amount double"
 
@@ -44,24 +45,12 @@ def _rows(table: pa.Table, columns: list[str]) -> Counter[tuple[object, ...]]:
 
 
 def demo(directory: Path, files: int, rows: int) -> int:
-    from pyspark.sql import SparkSession
-
     directory = directory.absolute()
     source, output, state = directory / "input", directory / "output", directory / "state"
     _write_input(source, files, rows)
     print(f"exactly-once Parquet sink example: {files} input files x {rows:,} rows, one file per micro-batch")
     print(f"  input:      {source}")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("filesink-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("filesink-demo")
     started = time.perf_counter()
     sink = ExactlyOnceParquetSink(
         str(output),

@@ -87,18 +87,8 @@ def open_store(tmp_path, log_url):
 
 @pytest.fixture(scope="session")
 def spark():
-    from pyspark.sql import SparkSession
+    from filesink.localspark import local_spark
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("filesink-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark("filesink-tests")
     yield session
     session.stop()

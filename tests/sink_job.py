@@ -10,24 +10,15 @@ from __future__ import annotations
 
 import sys
 
-from pyspark.sql import SparkSession
-
 from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.localspark import local_spark
 
 SCHEMA = "id long, user_id long, event_date string, amount double"
 
 
 def main() -> None:
     source, output, state, checkpoint, parallelism = sys.argv[1:6]
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("filesink-kill-test")
     sink = ExactlyOnceParquetSink(
         output,
         state,

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logstore import VNODE_COLUMN, AppendTarget, LogLocation, LogStore, append_segment
+from logstore.storage import fsync_dir
 
 VNODES = 256
 APPEND_GOAL = 0.7
@@ -103,14 +104,6 @@ def shm_dir() -> Path | None:
 
 
 # -- raw baselines ---------------------------------------------------------------------------------------
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def raw_write(directory: Path, data: bytes) -> float:

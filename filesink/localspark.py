@@ -1,0 +1,24 @@
+"""A local Spark session for the examples and tests: ``local[N]`` on the loopback interface, no UI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def local_spark(app_name: str, cores: int = 2) -> Any:
+    """Start (or get) a ``local[cores]`` SparkSession bound to 127.0.0.1, with UTC session time zone."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
