@@ -2,12 +2,16 @@
 
 Usage: python sink_job.py INPUT OUTPUT STATE CHECKPOINT PARALLELISM
 
+OUTPUT may be an s3:// URL; its storage options then come from the SINK_JOB_S3 variable (JSON).
+
 Reads the Parquet files of INPUT one per micro-batch (available-now), writes them through the sink, flushes
 and prints ``done``. Killed at any moment, it is simply started again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from filesink import ExactlyOnceParquetSink, Rollover
@@ -26,6 +30,7 @@ def main() -> None:
         vnodes=32,
         parallelism=int(parallelism),
         rollover=Rollover(target_file_size=None, max_epochs=2, max_age_seconds=None),
+        storage_options=json.loads(os.environ.get("SINK_JOB_S3", "{}")),
     )
     print("started", flush=True)
 

@@ -3,6 +3,7 @@ final output equals the input exactly and nothing but committed Parquet files is
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -12,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -20,13 +22,14 @@ from sink_helpers import COLUMNS, batch_rows, parquet_files, read_duckdb, read_p
 JOB = Path(__file__).with_name("sink_job.py")
 
 
-def _start(tmp_path: Path, parallelism: int) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, out: str, options: dict | None, parallelism: int) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(JOB.parent), os.environ.get("PYTHONPATH")])))
+    env["SINK_JOB_S3"] = json.dumps(options or {})
     args = [
         sys.executable,
         str(JOB),
         str(tmp_path / "input"),
-        str(tmp_path / "out"),
+        out,
         str(tmp_path / "state"),
         str(tmp_path / "checkpoint"),
         str(parallelism),
@@ -36,13 +39,15 @@ def _start(tmp_path: Path, parallelism: int) -> subprocess.Popen[str]:
     )
 
 
-def _only_committed_files(path: str) -> None:
-    for name in parquet_files(path):
+def _only_committed_files(path: str, options: dict | None) -> None:
+    fs, root = fsspec.core.url_to_fs(path, **(options or {}))
+    for name in parquet_files(path, options):
         assert name.endswith(".parquet") and not Path(name).name.startswith((".", "_")), name
-        pq.ParquetFile(Path(path) / name).metadata  # noqa: B018  (whole and readable)
+        with fs.open(f"{root}/{name}", "rb") as f:
+            pq.ParquetFile(f).metadata  # noqa: B018  (whole and readable)
 
 
-def _campaign(tmp_path: Path, seed: int, kills: int) -> None:
+def _campaign(tmp_path: Path, seed: int, kills: int, out: str | None = None, options: dict | None = None) -> None:
     rng = random.Random(seed)
     (tmp_path / "input").mkdir()
     expected: Counter = Counter()
@@ -53,10 +58,10 @@ def _campaign(tmp_path: Path, seed: int, kills: int) -> None:
             pa.table(dict(zip(COLUMNS, zip(*rows, strict=True), strict=True))),
             tmp_path / "input" / f"in-{b:03d}.parquet",
         )
-    out = str(tmp_path / "out")
+    out = out or str(tmp_path / "out")
     landed = 0
     for kill in range(kills):
-        proc = _start(tmp_path, parallelism=rng.choice([1, 2, 3, 4]))
+        proc = _start(tmp_path, out, options, parallelism=rng.choice([1, 2, 3, 4]))
         assert proc.stdout is not None
         # Let it run a random number of batches (0: during start-up and recovery), then kill it a random
         # moment later: inside append, seal, planning, file writing or commit.
@@ -70,23 +75,28 @@ def _campaign(tmp_path: Path, seed: int, kills: int) -> None:
             landed += 1
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(60)
-        _only_committed_files(out)
-        print(f"seed {seed}: kill {kill + 1}/{kills} after {batches} batches, {len(parquet_files(out))} files so far")
-    proc = _start(tmp_path, parallelism=rng.choice([1, 2, 3, 4]))
+        _only_committed_files(out, options)
+        print(f"seed {seed}: kill {kill + 1}/{kills} after {batches} batches, {len(parquet_files(out, options))} files")
+    proc = _start(tmp_path, out, options, parallelism=rng.choice([1, 2, 3, 4]))
     out_text, err = proc.communicate(timeout=600)
     assert proc.returncode == 0 and out_text.endswith("done\n"), err[-3000:]
-    _only_committed_files(out)
-    got = read_pyarrow(out)
+    _only_committed_files(out, options)
+    got = read_pyarrow(out, options)
     lost, duplicated, unexpected = expected - got, Counter({r: n - 1 for r, n in got.items() if n > 1}), got - expected
     unexpected -= duplicated
     assert (sum(lost.values()), sum(duplicated.values()), sum(unexpected.values())) == (0, 0, 0), (
         f"seed {seed}: lost {sum(lost.values())}, duplicated {sum(duplicated.values())}, "
         f"unexpected {sum(unexpected.values())}"
     )
-    assert read_duckdb(out) == expected
+    assert read_duckdb(out, options) == expected
     assert landed == kills, "every kill must land while the job runs"
 
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_with_rescale(tmp_path):
     _campaign(tmp_path, seed=11, kills=10)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_on_s3(tmp_path, s3_prefix, s3_options):
+    _campaign(tmp_path, seed=12, kills=5, out=s3_prefix + "/table", options=s3_options)
