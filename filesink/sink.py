@@ -37,7 +37,7 @@ from .errors import CheckpointMismatchError, SchemaMismatchError, SinkLockedErro
 from .planner import plan
 from .rollover import Rollover
 from .state import PlannedFile, SinkState
-from .writer import FileTask, OutputLocation, clear_staging, object_keys, write_file
+from .writer import FileTask, OutputLocation, write_file
 
 LOCK_FILE = "sink.lock"
 GC_SWEEP_EVERY = 20
@@ -319,20 +319,12 @@ class ExactlyOnceParquetSink:
         self._store.collect_garbage(sweep=sweep)
 
     def _recover(self) -> None:
-        """Resolve files left pending by an earlier run, then remove temp files and the log's unsealed garbage."""
-        for f in self._state.pending():
-            found = object_keys(self._output, f.name)
-            if not found:
-                self._state.drop(f)
-            elif self.partition_by:
-                # Some of the file's partition objects are visible, maybe not all: write it again (the same
-                # plan gives the same objects), then commit.
-                objects = write_file(self._output, self._file_task(f))
-                self._state.commit([f], {f.name: sum(o.size for o in objects)}, [])
-            else:
-                self._state.commit([f], {f.name: sum(size for _, size in found)}, [])
-        clear_staging(self._output)
-        self._store.collect_garbage(unsealed=True)
+        """Resolve files left pending by an earlier run, then remove temp files and the log's garbage."""
+        from recovery.resolve import apply_recovery
+
+        apply_recovery(
+            self._store, self._state, self._output, partitioned=bool(self.partition_by), file_task=self._file_task
+        )
 
     # -- idle rollover ---------------------------------------------------------------------------------
 

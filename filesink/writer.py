@@ -529,19 +529,17 @@ def object_keys(output: OutputLocation, name: str) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def clear_staging(output: OutputLocation) -> int:
-    """Delete the temp files writers left in a local output's staging directory; return how many.
-
-    Only for start-up, while no writer of this sink can run. Only names this module gives temp files
-    (``.part-*.tmp``) are touched.
-    """
+def staging_files(output: OutputLocation) -> list[Path]:
+    """The temp files writers left in a local output's staging directory (names this module gives them)."""
     if not output.is_local:
-        return 0
+        return []
     staging = output.local_staging()
-    if not staging.is_dir():
-        return 0
-    removed = 0
-    for path in staging.glob(".part-*.tmp"):
+    return sorted(staging.glob(".part-*.tmp")) if staging.is_dir() else []
+
+
+def clear_staging(output: OutputLocation) -> int:
+    """Delete :func:`staging_files`; return how many. Only while no writer of this sink can run."""
+    found = staging_files(output)
+    for path in found:
         path.unlink(missing_ok=True)
-        removed += 1
-    return removed
+    return len(found)

@@ -468,7 +468,23 @@ class LogStore:
             self._sweep(report, unsealed=unsealed)
         return report
 
-    def _sweep(self, report: GarbageReport, *, unsealed: bool) -> None:
+    def preview_garbage(self, *, unsealed: bool = True) -> GarbageReport:
+        """What :meth:`collect_garbage` (with ``sweep``) would remove now, without removing anything."""
+        report = GarbageReport()
+        for (size,) in self.db.execute(
+            """
+            SELECT s.size FROM log_segments s
+            WHERE NOT EXISTS (
+                SELECT 1 FROM log_segment_vnodes sv JOIN log_vnodes v ON v.vnode = sv.vnode
+                WHERE sv.segment_id = s.segment_id AND sv.epoch > v.truncated_epoch)
+            """
+        ):
+            report.released_segments += 1
+            report.bytes_freed += size
+        self._sweep(report, unsealed=unsealed, delete=False)
+        return report
+
+    def _sweep(self, report: GarbageReport, *, unsealed: bool, delete: bool = True) -> None:
         last = self.last_sealed_epoch
         known = {r[0] for r in self.db.execute("SELECT name FROM log_segments")}
         for relpath, size in list(self.storage.list_files()):
@@ -478,10 +494,11 @@ class LogStore:
             epoch, is_temp = parsed
             if epoch > last and not unsealed:
                 continue  # may belong to an append in progress
-            if self.storage.delete(relpath):
+            if not delete or self.storage.delete(relpath):
                 report.bytes_freed += size
                 if is_temp:
                     report.temp_files += 1
                 else:
                     report.orphan_segments += 1
-        self.storage.remove_empty_dirs(None if unsealed else last)
+        if delete:
+            self.storage.remove_empty_dirs(None if unsealed else last)

@@ -304,6 +304,10 @@ def test_sweep_removes_unsealed_segments_but_spares_the_epoch_in_progress(open_s
     in_progress = append_segment(store.target, 1, make_rows([1], [1]))
     store.storage.write("notes/readme.txt", [b"not the log store's"])
 
+    before = _files(store)
+    preview = store.preview_garbage(unsealed=False)
+    assert (preview.orphan_segments, preview.bytes_freed) == (1, failed_attempt.size)
+    assert _files(store) == before, "a preview deletes nothing"
     report = store.collect_garbage()
     assert report.orphan_segments == 1
     assert _files(store) == sorted([kept.name, in_progress.name, "notes/readme.txt"])
