@@ -15,12 +15,9 @@ run: a file that is visible is committed, one that is not is dropped and its dat
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import pickle
-import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,13 +30,13 @@ from logstore import VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir
 
-from .errors import CheckpointMismatchError, SchemaMismatchError, SinkLockedError, SinkOptionError
+from .errors import CheckpointMismatchError, SchemaMismatchError, SinkOptionError
+from .lock import StateLock
 from .planner import plan
 from .rollover import Rollover
 from .state import PlannedFile, SinkState
 from .writer import FileTask, OutputLocation, write_file
 
-LOCK_FILE = "sink.lock"
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
 
@@ -58,31 +55,6 @@ def _columns(value: Sequence[str] | None, name: str) -> list[str] | None:
     if VNODE_COLUMN in value:
         raise SinkOptionError(f"{name}: the column name {VNODE_COLUMN!r} is reserved by the sink")
     return list(value)
-
-
-class _StateLock:
-    """An exclusive OS lock on the state directory: released by the OS when the holder dies."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / LOCK_FILE
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            os.close(self.fd)
-            raise SinkLockedError(
-                f"the state directory {state_dir} is in use by another live sink ({holder}). Only one query may "
-                "write through a state directory at a time. The lock is an OS file lock, released when its holder "
-                "exits: if that process is gone, nothing holds it and you can start again."
-            ) from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n".encode(), 0)
-
-    def release(self) -> None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
 
 
 class ExactlyOnceParquetSink:
@@ -137,7 +109,7 @@ class ExactlyOnceParquetSink:
         self._row_group_rows = row_group_rows
         self._compression = compression
         self._lock = threading.RLock()
-        self._state_lock = _StateLock(state)
+        self._state_lock = StateLock(state)
         try:
             log_options = options if log_store and not _is_local(log_store) else None
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)

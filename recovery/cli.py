@@ -1,0 +1,332 @@
+"""``filesink``: the command line. ``filesink recover status|plan|apply`` inspects and repairs a sink's state
+without Spark (SQLite, pyarrow and s3fs only); ``filesink demo`` runs the example streaming job.
+
+Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
+state directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filesink.errors import FileSinkError, SinkLockedError
+from filesink.lock import StateLock, lock_holder
+from filesink.planner import writer_ranges
+from filesink.state import PlannedFile, SinkState
+from filesink.writer import FileTask, OutputLocation
+from logstore import STATE_DB_NAME, LogStore, LogStoreError, connect
+
+from .errors import NotASinkError
+from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_NOT_A_SINK = 0, 1, 2, 3, 4
+
+
+@dataclass
+class OpenSink:
+    state_dir: Path
+    store: LogStore
+    state: SinkState
+    output: OutputLocation
+    config: dict[str, Any]
+
+    def file_task(self, f: PlannedFile) -> FileTask:
+        schema = self.state.arrow_schema()
+        assert schema is not None
+        return FileTask(
+            name=f.name,
+            log=self.store.target.location,
+            plan=tuple(self.store.plan_read(f.after(), f.end_epoch)),
+            schema_bytes=schema,
+            partition_by=tuple(self.config["partition_by"]),
+        )
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
+    """S3 settings from the flags; credentials from the standard AWS variables or profile (never flags)."""
+    client: dict[str, Any] = {}
+    if args.endpoint_url:
+        client["endpoint_url"] = args.endpoint_url
+    if args.region:
+        client["region_name"] = args.region
+    return {"client_kwargs": client} if client else {}
+
+
+def open_sink(state_dir: Path, storage_options: dict[str, Any]) -> OpenSink:
+    db_path = state_dir / STATE_DB_NAME
+    if not db_path.is_file():
+        raise NotASinkError(f"{state_dir} is not a sink's state directory: it has no {STATE_DB_NAME}")
+    db = connect(db_path)
+    tables = set(db.table_names())
+    if not {"log_store", "sink_config"} <= tables:
+        db.close()
+        raise NotASinkError(f"{db_path} holds no sink: its log store or sink tables are missing")
+    location = db.execute("SELECT location FROM log_store").fetchone()[0]
+    remote = "://" in location and not location.startswith("file://")
+    store = LogStore(db, location, storage_options=storage_options if remote else None)
+    state = SinkState(store)
+    output, keys, parts = db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
+    remote_output = "://" in output and not output.startswith("file://")
+    staging = str(state_dir / "staging") if (state_dir / "staging").is_dir() else None
+    config = {"output": output, "key_columns": json.loads(keys), "partition_by": json.loads(parts)}
+    out = OutputLocation(output, storage_options if remote_output else {}, staging_dir=staging)
+    return OpenSink(state_dir, store, state, out, config)
+
+
+def _ranges(vnodes: list[int]) -> str:
+    if not vnodes:
+        return "-"
+    spans, start = [], vnodes[0]
+    for prev, cur in zip(vnodes, [*vnodes[1:], None], strict=True):
+        if cur != prev + 1:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur  # type: ignore[assignment]
+    return ",".join(spans)
+
+
+def _file_json(f: PlannedFile) -> dict[str, Any]:
+    return {
+        "name": f.name,
+        "vnodes": [f.vnode_lo, f.vnode_hi],
+        "start_epochs": {str(v): s for v, s in sorted(f.starts.items())},
+        "end_epoch": f.end_epoch,
+        "rows": f.rows,
+        "reason": f.reason,
+    }
+
+
+def _table(headers: Sequence[str], rows: list[Sequence[Any]]) -> str:
+    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+# -- commands ------------------------------------------------------------------------------------------
+
+
+def status(sink: OpenSink, parallelism: int | None) -> dict[str, Any]:
+    store = sink.store
+    points = store.truncate_points()
+    backlog = store.backlog()
+    result: dict[str, Any] = {
+        "sink_id": store.sink_id,
+        "output": sink.config["output"],
+        "log_store": store.location.canonical,
+        "vnodes": store.vnodes,
+        "key_columns": sink.config["key_columns"],
+        "partition_by": sink.config["partition_by"],
+        "last_sealed_epoch": store.last_sealed_epoch,
+        "held_by": lock_holder(sink.state_dir),
+        "truncate_points": {str(v): e for v, e in points.items()},
+        "backlog": {
+            "epochs": len({e for e in store.sealed_epochs()}),
+            "rows": sum(b.rows for b in backlog),
+            "bytes": sum(b.bytes for b in backlog),
+        },
+        "pending_files": [_file_json(f) for f in sink.state.pending()],
+    }
+    if parallelism is not None:
+        by_vnode = {b.vnode: b for b in backlog}
+        result["writers"] = [
+            {
+                "writer": i,
+                "vnodes": [r.start, r.stop - 1],
+                "rows": sum(by_vnode[v].rows for v in r),
+                "bytes": sum(by_vnode[v].bytes for v in r),
+            }
+            for i, r in enumerate(writer_ranges(store.vnodes, parallelism))
+        ]
+    return result
+
+
+def _plan_json(plan: RecoveryPlan) -> dict[str, Any]:
+    g = plan.log_garbage
+    return {
+        "files": [
+            {**_file_json(r.file), "visible_objects": [k for k, _ in r.visible], "action": r.action.value}
+            for r in plan.files
+        ],
+        "garbage": {
+            "staging_temp_files": plan.staging_temp_files,
+            "released_segments": g.released_segments,
+            "unsealed_segments": g.orphan_segments,
+            "log_temp_files": g.temp_files,
+            "bytes": g.bytes_freed,
+        },
+        "nothing_to_do": plan.empty,
+    }
+
+
+def _print_status(s: dict[str, Any]) -> None:
+    print(f"sink {s['sink_id']}")
+    for key in ("output", "log_store", "vnodes", "key_columns", "partition_by", "last_sealed_epoch"):
+        print(f"  {key.replace('_', ' ')}: {s[key]}")
+    print(f"  held by: {s['held_by'] or 'nobody (no live query)'}")
+    by_epoch: dict[int, list[int]] = {}
+    for v, e in s["truncate_points"].items():
+        by_epoch.setdefault(e, []).append(int(v))
+    print("\ntruncate points")
+    print(_table(["epoch", "vnodes"], [(e, _ranges(sorted(v))) for e, v in sorted(by_epoch.items())]))
+    b = s["backlog"]
+    print(f"\nlog backlog: {b['epochs']} epochs, {b['rows']:,} rows, {b['bytes']:,} bytes")
+    if "writers" in s:
+        print(
+            _table(
+                ["writer", "vnodes", "rows", "bytes"],
+                [
+                    (w["writer"], f"{w['vnodes'][0]}-{w['vnodes'][1]}", f"{w['rows']:,}", f"{w['bytes']:,}")
+                    for w in s["writers"]
+                ],
+            )
+        )
+    files = s["pending_files"]
+    print(f"\npending files: {len(files)}")
+    if files:
+        print(
+            _table(
+                ["file", "vnodes", "end epoch", "rows"],
+                [(f["name"], f"{f['vnodes'][0]}-{f['vnodes'][1]}", f["end_epoch"], f["rows"]) for f in files],
+            )
+        )
+
+
+def _print_plan(p: dict[str, Any], done: bool) -> None:
+    files = p["files"]
+    verb = "resolved" if done else "to resolve"
+    print(f"pending files {verb}: {len(files)}")
+    if files:
+        print(
+            _table(
+                ["file", "vnodes", "end epoch", "visible", "action"],
+                [
+                    (
+                        f["name"],
+                        f"{f['vnodes'][0]}-{f['vnodes'][1]}",
+                        f["end_epoch"],
+                        "yes" if f["visible_objects"] else "no",
+                        f["action"],
+                    )
+                    for f in files
+                ],
+            )
+        )
+    g = p["garbage"]
+    print(
+        f"garbage {'removed' if done else 'to remove'}: {g['staging_temp_files']} staging temp files, "
+        f"{g['released_segments']} released and {g['unsealed_segments']} unsealed log segments, "
+        f"{g['log_temp_files']} log temp files ({g['bytes']:,} bytes)"
+    )
+    if p["nothing_to_do"]:
+        print("nothing to do")
+
+
+def _progress(done: int, total: int, r: Resolution) -> None:
+    print(f"[{done}/{total}] {r.file.name}: {r.action.value}", file=sys.stderr, flush=True)
+
+
+def run_recover(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir).absolute()
+    sink = open_sink(state_dir, _storage_options(args))
+    try:
+        if args.command == "status":
+            result = status(sink, args.parallelism)
+            print(json.dumps(result, indent=2)) if args.json else _print_status(result)
+            return EXIT_OK
+        partitioned = bool(sink.config["partition_by"])
+        if args.command == "plan":
+            out = _plan_json(plan_recovery(sink.store, sink.state, sink.output, partitioned=partitioned))
+            print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=False)
+            return EXIT_OK
+        lock = StateLock(state_dir)
+        try:
+            done = apply_recovery(
+                sink.store,
+                sink.state,
+                sink.output,
+                partitioned=partitioned,
+                file_task=sink.file_task,
+                progress=None if args.json else _progress,
+            )
+        finally:
+            lock.release()
+        out = _plan_json(done)
+        print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=True)
+        return EXIT_OK
+    finally:
+        sink.store.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="filesink", description="Exactly-once Parquet sink for Spark: tools.")
+    commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+    recover = commands.add_parser(
+        "recover",
+        help="inspect and resolve a sink's state after a crash or before a rescale (no Spark needed)",
+        description="Inspect and resolve a sink's state. Exit codes: 0 done or nothing to do, 1 failed, 2 bad "
+        "usage, 3 a live query holds the sink, 4 not a sink's state directory.",
+    )
+    steps = recover.add_subparsers(dest="command", required=True, metavar="STEP")
+    helps = {
+        "status": "show the sink, its truncate points, log backlog, pending files and writer ranges",
+        "plan": "dry run: show what apply would do to each pending file and which garbage it would remove",
+        "apply": "resolve pending files (commit visible, drop invisible) and remove garbage; idempotent",
+    }
+    for name, text in helps.items():
+        step = steps.add_parser(name, help=text, description=text)
+        step.add_argument("--state-dir", required=True, help="the sink's state directory (holds state.sqlite)")
+        step.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+        step.add_argument(
+            "--endpoint-url",
+            help="S3 endpoint URL (MinIO etc.); credentials come from the "
+            "standard AWS environment variables or profile, never from flags",
+        )
+        step.add_argument("--region", help="S3 region name")
+        if name == "status":
+            step.add_argument(
+                "--parallelism",
+                type=int,
+                metavar="N",
+                help="also show the vnode range each of N writers would own, and what it holds",
+            )
+    demo = commands.add_parser(
+        "demo",
+        help="run the example streaming job on local Spark (see README)",
+        description="Run the example streaming job on local Spark and local directories.",
+    )
+    demo.add_argument("--dir", default="demo-output", help="working directory (default: %(default)s)")
+    demo.add_argument("--files", type=int, default=6, help="input files, one per micro-batch (default: %(default)s)")
+    demo.add_argument("--rows", type=int, default=100_000, help="rows per input file (default: %(default)s)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.group == "demo":
+        from filesink.__main__ import demo
+
+        return demo(Path(args.dir), args.files, args.rows)
+    if getattr(args, "parallelism", None) is not None and args.parallelism < 1:
+        parser.error("--parallelism must be at least 1")
+    try:
+        return run_recover(args)
+    except SinkLockedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_LOCKED
+    except NotASinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NOT_A_SINK
+    except (FileSinkError, LogStoreError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
