@@ -8,9 +8,14 @@ import pytest
 from logstore.failpoints import ENV_VAR, FailpointError, failpoint
 
 
-def test_unset_failpoints_do_nothing(monkeypatch):
+def test_unset_or_other_failpoints_do_nothing(monkeypatch):
+    from logstore import failpoints
+
     monkeypatch.delenv(ENV_VAR, raising=False)
-    failpoint("anything")
+    assert failpoint("anything") is None
+    monkeypatch.setenv(ENV_VAR, "something.else=raise")
+    assert failpoint("anything") is None
+    assert "anything" not in failpoints._hits, "a failpoint that is not configured is not even counted"
 
 
 def test_raise_action_and_nth_hit(monkeypatch):
