@@ -47,11 +47,13 @@ def _only_committed_files(path: str, options: dict | None) -> None:
             pq.ParquetFile(f).metadata  # noqa: B018  (whole and readable)
 
 
-def _campaign(tmp_path: Path, seed: int, kills: int, out: str | None = None, options: dict | None = None) -> None:
+def _campaign(
+    tmp_path: Path, seed: int, kills: int, out: str | None = None, options: dict | None = None, inputs: int = 24
+) -> None:
     rng = random.Random(seed)
     (tmp_path / "input").mkdir()
     expected: Counter = Counter()
-    for b in range(24):
+    for b in range(inputs):  # enough micro-batches that every kill lands before the input runs out
         rows = batch_rows(b, 400, seed)
         expected.update(rows)
         pq.write_table(
@@ -94,7 +96,7 @@ def _campaign(tmp_path: Path, seed: int, kills: int, out: str | None = None, opt
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_with_rescale(tmp_path):
-    _campaign(tmp_path, seed=11, kills=10)
+    _campaign(tmp_path, seed=11, kills=10, inputs=40)
 
 
 @pytest.mark.slow
