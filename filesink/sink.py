@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from logstore import VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
-from logstore.storage import ensure_dir
+from logstore.storage import ensure_dir, is_local
 
 from .errors import CheckpointMismatchError, SchemaMismatchError, SinkOptionError
 from .lock import StateLock
@@ -39,10 +39,6 @@ from .writer import FileTask, OutputLocation, write_file
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
-
-
-def _is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
 
 
 def _columns(value: Sequence[str] | None, name: str) -> list[str] | None:
@@ -98,7 +94,7 @@ class ExactlyOnceParquetSink:
         self.vnodes = vnodes
         options = dict(storage_options or {})
         state = Path(state_dir).absolute()
-        if _is_local(path):
+        if is_local(path):
             path = str(Path(path.removeprefix("file://")).expanduser().absolute())
             if state == Path(path) or Path(path) in state.parents or state in Path(path).parents:
                 raise SinkOptionError(f"state_dir {state} and the output path {path} must not contain each other")
@@ -111,12 +107,12 @@ class ExactlyOnceParquetSink:
         self._lock = threading.RLock()
         self._state_lock = StateLock(state)
         try:
-            log_options = options if log_store and not _is_local(log_store) else None
+            log_options = options if log_store and not is_local(log_store) else None
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
             self._state = SinkState(self._store)
             self._state.check_config(self.path, self.key_columns, self.partition_by)
             staging = None
-            if _is_local(self.path) and os.stat(state).st_dev == os.stat(self.path).st_dev:
+            if is_local(self.path) and os.stat(state).st_dev == os.stat(self.path).st_dev:
                 staging = str(state / "staging")
             self._output = OutputLocation(self.path, options, staging_dir=staging)
             self._spark: Any = None
@@ -243,16 +239,8 @@ class ExactlyOnceParquetSink:
         return [pickle.loads(r.descriptor) for r in rows]
 
     def _file_task(self, f: PlannedFile) -> FileTask:
-        schema = self._state.arrow_schema()
-        assert schema is not None, "files are planned only once data, and so its schema, was sealed"
-        return FileTask(
-            name=f.name,
-            log=self._store.target.location,
-            plan=tuple(self._store.plan_read(f.after(), f.end_epoch)),
-            schema_bytes=schema,
-            partition_by=tuple(self.partition_by),
-            row_group_rows=self._row_group_rows,
-            compression=self._compression,
+        return self._state.file_task(
+            f, self.partition_by, row_group_rows=self._row_group_rows, compression=self._compression
         )
 
     def _write(self, files: list[PlannedFile]) -> dict[str, int]:

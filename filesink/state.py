@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -25,6 +25,7 @@ from logstore import LogStore
 from logstore.statedb import apply_migrations
 
 from .errors import CommitConflictError, SinkOptionError
+from .writer import FileTask
 
 migrations = Migrations("filesink")
 
@@ -142,6 +143,22 @@ class SinkState:
                 "UPDATE sink_config SET spark_schema = ?, arrow_schema = COALESCE(arrow_schema, ?)",
                 (spark_schema, arrow_schema),
             )
+
+    def file_task(
+        self, f: PlannedFile, partition_by: Sequence[str], *, row_group_rows: int = 1_000_000, compression: str = "zstd"
+    ) -> FileTask:
+        """What a writer task needs to write ``f``: its read plan over the log store and the sink's schema."""
+        schema = self.arrow_schema()
+        assert schema is not None, "files are planned only once data, and so its schema, was sealed"
+        return FileTask(
+            name=f.name,
+            log=self.store.target.location,
+            plan=tuple(self.store.plan_read(f.after(), f.end_epoch)),
+            schema_bytes=schema,
+            partition_by=tuple(partition_by),
+            row_group_rows=row_group_rows,
+            compression=compression,
+        )
 
     def bytes_per_log_byte(self) -> float:
         value: float = self.db.execute("SELECT bytes_per_log_byte FROM sink_config").fetchone()[0]

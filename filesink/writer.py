@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
-from logstore.storage import ensure_dir, fsync_dir
+from logstore.storage import ensure_dir, fsync_dir, is_local
 
 from .errors import FileWriteError
 from .partitioning import partition_dir
@@ -67,7 +67,7 @@ class OutputLocation:
 
     @property
     def is_local(self) -> bool:
-        return "://" not in self.url or self.url.startswith("file://")
+        return is_local(self.url)
 
     def local_root(self) -> Path:
         return Path(self.url.removeprefix("file://")).expanduser().absolute()

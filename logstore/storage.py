@@ -25,7 +25,8 @@ TEMP_MARK = ".tmp-"
 Bytes = bytes | bytearray | memoryview | Any  # pyarrow Buffers support the buffer protocol too
 
 
-def _is_local(url: str) -> bool:
+def is_local(url: str) -> bool:
+    """Whether ``url`` names a local path (a plain path or a ``file://`` URL) rather than an fsspec URL."""
     return "://" not in url or url.startswith("file://")
 
 
@@ -42,12 +43,12 @@ class LogLocation:
     @property
     def canonical(self) -> str:
         """The location as recorded in the state database (absolute path for local directories)."""
-        if _is_local(self.url):
+        if is_local(self.url):
             return str(Path(self.url.removeprefix("file://")).expanduser().absolute())
         return self.url.rstrip("/")
 
     def open(self) -> Storage:
-        if _is_local(self.url):
+        if is_local(self.url):
             return LocalStorage(Path(self.canonical))
         return FsspecStorage(self.url, dict(self.storage_options))
 

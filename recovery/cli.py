@@ -21,6 +21,7 @@ from filesink.planner import writer_ranges
 from filesink.state import PlannedFile, SinkState
 from filesink.writer import FileTask, OutputLocation
 from logstore import STATE_DB_NAME, LogStore, LogStoreError, connect
+from logstore.storage import is_local
 
 from .errors import NotASinkError
 from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
@@ -37,15 +38,7 @@ class OpenSink:
     config: dict[str, Any]
 
     def file_task(self, f: PlannedFile) -> FileTask:
-        schema = self.state.arrow_schema()
-        assert schema is not None
-        return FileTask(
-            name=f.name,
-            log=self.store.target.location,
-            plan=tuple(self.store.plan_read(f.after(), f.end_epoch)),
-            schema_bytes=schema,
-            partition_by=tuple(self.config["partition_by"]),
-        )
+        return self.state.file_task(f, self.config["partition_by"])
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,11 +61,11 @@ def open_sink(state_dir: Path, storage_options: dict[str, Any]) -> OpenSink:
         db.close()
         raise NotASinkError(f"{db_path} holds no sink: its log store or sink tables are missing")
     location = db.execute("SELECT location FROM log_store").fetchone()[0]
-    remote = "://" in location and not location.startswith("file://")
+    remote = not is_local(location)
     store = LogStore(db, location, storage_options=storage_options if remote else None)
     state = SinkState(store)
     output, keys, parts = db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
-    remote_output = "://" in output and not output.startswith("file://")
+    remote_output = not is_local(output)
     staging = str(state_dir / "staging") if (state_dir / "staging").is_dir() else None
     config = {"output": output, "key_columns": json.loads(keys), "partition_by": json.loads(parts)}
     out = OutputLocation(output, storage_options if remote_output else {}, staging_dir=staging)
@@ -126,7 +119,7 @@ def status(sink: OpenSink, parallelism: int | None) -> dict[str, Any]:
         "held_by": lock_holder(sink.state_dir),
         "truncate_points": {str(v): e for v, e in points.items()},
         "backlog": {
-            "epochs": len({e for e in store.sealed_epochs()}),
+            "epochs": len(store.sealed_epochs()),
             "rows": sum(b.rows for b in backlog),
             "bytes": sum(b.bytes for b in backlog),
         },
