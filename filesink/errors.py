@@ -29,3 +29,7 @@ class CommitConflictError(FileSinkError):
 
 class FileWriteError(FileSinkError):
     """A Parquet file could not be written or made visible."""
+
+
+class FencedError(FileSinkError):
+    """A writer of an older writer term tried to publish a file or change state after the sink restarted."""

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 
 def local_spark(app_name: str, cores: int = 2) -> Any:
-    """Start (or get) a ``local[cores]`` SparkSession bound to 127.0.0.1, with UTC session time zone."""
+    """Start (or get) a ``local[cores]`` SparkSession bound to 127.0.0.1, with UTC session time zone.
+
+    Python workers run the interpreter running this (so they see the same installed packages), unless
+    ``PYSPARK_PYTHON`` says otherwise."""
     from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     session = (
         SparkSession.builder.master(f"local[{cores}]")

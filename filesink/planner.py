@@ -9,6 +9,7 @@ names for the same data.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections import defaultdict
 
@@ -29,6 +30,12 @@ def file_name(sink_id: str, writer: range, starts: dict[int, int], end_epoch: in
     digest = zlib.crc32(json.dumps(sorted(starts.items())).encode())
     first = min(starts.values())
     return f"part-{sink_id[:8]}-{first:020d}-{end_epoch:020d}-{writer.start:05d}-{writer.stop - 1:05d}-{digest:08x}"
+
+
+def is_file_name(sink_id: str, basename: str) -> bool:
+    """Whether ``basename`` is a Parquet object name that :func:`file_name` gives files of this sink."""
+    pattern = rf"part-{re.escape(sink_id[:8])}-\d{{20}}-\d{{20}}-\d{{5}}-\d{{5}}-[0-9a-f]{{8}}\.parquet"
+    return re.fullmatch(pattern, basename) is not None
 
 
 def plan(

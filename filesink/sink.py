@@ -9,8 +9,9 @@ Per epoch (one micro-batch), under one lock shared with the idle-rollover timer:
 4. plan rollover at the barrier, 5. pre-commit the planned files, 6. write them (one Spark task per file),
 7. commit them and advance truncate points (one transaction), 8. collect log garbage.
 
-At construction the sink takes the state directory's lock, and resolves files left pending by an earlier
-run: a file that is visible is committed, one that is not is dropped and its data written again.
+At construction the sink takes the state directory's lock and runs recovery (:mod:`recovery.resolve`): it
+takes a new writer term, which fences every file writer of earlier runs, and resolves files left pending:
+a file that is visible is committed, one that is not is dropped and its data written again.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
 
 from .errors import CheckpointMismatchError, SchemaMismatchError, SinkOptionError
+from .fencing import PREFIX, record_path, term_dir
 from .lock import StateLock
 from .planner import plan
 from .rollover import Rollover
 from .state import PlannedFile, SinkState
-from .writer import FileTask, OutputLocation, write_file
+from .writer import FileTask, OutputLocation, WrittenObject, write_file
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
@@ -117,6 +119,7 @@ class ExactlyOnceParquetSink:
             self._output = OutputLocation(self.path, options, staging_dir=staging)
             self._spark: Any = None
             self._epochs_since_sweep = 0
+            self._term = 0
             self._recover()
         except BaseException:
             self._state_lock.release()
@@ -167,6 +170,9 @@ class ExactlyOnceParquetSink:
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join(timeout=60)
         with self._lock:
+            from recovery.fence import release_staging
+
+            release_staging(self._output, self._term)
             self._store.close()
             self._state_lock.release()
 
@@ -238,21 +244,21 @@ class ExactlyOnceParquetSink:
         rows = df.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, "descriptor binary").collect()
         return [pickle.loads(r.descriptor) for r in rows]
 
-    def _file_task(self, f: PlannedFile) -> FileTask:
+    def _file_task(self, f: PlannedFile, term: int) -> FileTask:
         return self._state.file_task(
-            f, self.partition_by, row_group_rows=self._row_group_rows, compression=self._compression
+            f, self.partition_by, term=term, row_group_rows=self._row_group_rows, compression=self._compression
         )
 
-    def _write(self, files: list[PlannedFile]) -> dict[str, int]:
+    def _write(self, files: list[PlannedFile]) -> dict[str, list[WrittenObject]]:
         """Write the planned files, one Spark task per file (in this process when there is no Spark yet)."""
-        tasks = [self._file_task(f) for f in files]
+        tasks = [self._file_task(f, self._term) for f in files]
         output = self._output
         if self._spark is None:
             results = [(t.name, write_file(output, t)) for t in tasks]
         else:
             rdd = self._spark.sparkContext.parallelize(tasks, len(tasks))
             results = rdd.map(lambda t: (t.name, write_file(output, t))).collect()
-        return {name: sum(o.size for o in objects) for name, objects in results}
+        return dict(results)
 
     def _roll(self, *, force: bool) -> None:
         files, idle = plan(
@@ -263,28 +269,43 @@ class ExactlyOnceParquetSink:
             bytes_per_log_byte=self._state.bytes_per_log_byte(),
             force=force,
         )
-        written: dict[str, int] = {}
+        written: dict[str, list[WrittenObject]] = {}
         if files:
-            self._state.precommit(files)
+            self._state.precommit(files, self._term)
             failpoint("filesink.precommit.after")
             written = self._write(files)
             failpoint("filesink.write.after")
-        self._state.commit(files, written, idle)
+        sizes = {name: sum(o.size for o in objects) for name, objects in written.items()}
+        self._state.commit(files, sizes, idle, self._term)
         if files:
             failpoint("filesink.commit.after")
+            self._forget_records(written)
         self._epochs_since_sweep += 1
         sweep = self._epochs_since_sweep >= GC_SWEEP_EVERY
         if sweep:
             self._epochs_since_sweep = 0
         self._store.collect_garbage(sweep=sweep)
 
+    def _forget_records(self, written: dict[str, list[WrittenObject]]) -> None:
+        """Delete the writers' records of committed files (recovery deletes any left behind)."""
+        storage = self._store.storage
+        for name, objects in written.items():
+            for index in range(len(objects)):
+                storage.delete(record_path(self._term, name, index))
+        storage.prune_dirs(f"{PREFIX}/{term_dir(self._term)}")
+
     def _recover(self) -> None:
-        """Resolve files left pending by an earlier run, then remove temp files and the log's garbage."""
+        """Take a new writer term (fencing earlier writers), resolve files left pending by an earlier run,
+        remove garbage, and prepare this term's staging directory."""
+        from recovery.fence import prepare_staging
         from recovery.resolve import apply_recovery
 
-        apply_recovery(
+        done = apply_recovery(
             self._store, self._state, self._output, partitioned=bool(self.partition_by), file_task=self._file_task
         )
+        assert done.term is not None
+        self._term = done.term
+        prepare_staging(self._output, self._term)
 
     # -- idle rollover ---------------------------------------------------------------------------------
 

@@ -8,6 +8,10 @@ delete its rows (the vnodes' truncate points then say everything), so the tables
 
 Each transition is a compare-and-swap on the pending row: if it is gone, another writer or recovery got
 there first and :class:`CommitConflictError` is raised.
+
+The **writer term** (fencing generation, :mod:`filesink.fencing`) goes up by one at every sink start and
+every recovery run. Pre-commit and commit carry the term of the run that does them and are refused with
+:class:`FencedError` once a newer term exists, so a run from before a restart cannot change state.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from sqlite_utils.migrations import Migrations
 from logstore import LogStore
 from logstore.statedb import apply_migrations
 
-from .errors import CommitConflictError, SinkOptionError
+from .errors import CommitConflictError, FencedError, SinkOptionError
 from .writer import FileTask
 
 migrations = Migrations("filesink")
@@ -64,6 +68,16 @@ def _initial(db: sqlite_utils.Database) -> None:
             PRIMARY KEY (name, vnode)
         ) WITHOUT ROWID;
         CREATE INDEX sink_file_vnodes_by_vnode ON sink_file_vnodes(vnode);
+        """
+    )
+
+
+@migrations(name="0002_writer_terms")
+def _writer_terms(db: sqlite_utils.Database) -> None:
+    db.executescript(
+        """
+        ALTER TABLE sink_config ADD COLUMN writer_term INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE sink_files ADD COLUMN term INTEGER NOT NULL DEFAULT 0;
         """
     )
 
@@ -144,8 +158,39 @@ class SinkState:
                 (spark_schema, arrow_schema),
             )
 
+    # -- writer terms ---------------------------------------------------------------------------------
+
+    def term(self) -> int:
+        value: int = self.db.execute("SELECT writer_term FROM sink_config").fetchone()[0]
+        return value
+
+    def new_term(self) -> int:
+        """Take the next writer term (compare-and-swap); from now on, older terms are fenced."""
+        with self.db.atomic():
+            current = self.term()
+            cursor = self.db.execute(
+                "UPDATE sink_config SET writer_term = ? WHERE writer_term = ?", (current + 1, current)
+            )
+            if cursor.rowcount != 1:
+                raise FencedError(f"writer term {current} changed while taking the next one; another run started")
+        return current + 1
+
+    def _check_term(self, term: int, action: str) -> None:
+        current = self.term()
+        if current != term:
+            raise FencedError(
+                f"cannot {action}: this run holds writer term {term}, but the sink has since restarted (term "
+                f"{current}). Another run owns the sink now; this one must stop."
+            )
+
     def file_task(
-        self, f: PlannedFile, partition_by: Sequence[str], *, row_group_rows: int = 1_000_000, compression: str = "zstd"
+        self,
+        f: PlannedFile,
+        partition_by: Sequence[str],
+        *,
+        term: int,
+        row_group_rows: int = 1_000_000,
+        compression: str = "zstd",
     ) -> FileTask:
         """What a writer task needs to write ``f``: its read plan over the log store and the sink's schema."""
         schema = self.arrow_schema()
@@ -158,6 +203,7 @@ class SinkState:
             partition_by=tuple(partition_by),
             row_group_rows=row_group_rows,
             compression=compression,
+            term=term,
         )
 
     def bytes_per_log_byte(self) -> float:
@@ -166,14 +212,15 @@ class SinkState:
 
     # -- pending files -------------------------------------------------------------------------------
 
-    def precommit(self, files: Iterable[PlannedFile]) -> None:
+    def precommit(self, files: Iterable[PlannedFile], term: int) -> None:
         """Record every planned file as pending, in one transaction, before any byte of them is written."""
         files = list(files)
         with self.db.atomic():
+            self._check_term(term, f"pre-commit {len(files)} files")
             for f in files:
                 self.db.execute(
                     "INSERT INTO sink_files (name, state, vnode_lo, vnode_hi, end_epoch, rows, log_bytes, reason, "
-                    "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "created_at, term) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         f.name,
                         FileState.PENDING.value,
@@ -184,6 +231,7 @@ class SinkState:
                         f.log_bytes,
                         f.reason,
                         time.time(),
+                        term,
                     ),
                 )
                 self.db.conn.executemany(
@@ -212,7 +260,9 @@ class SinkState:
                 f"pending, so it cannot become {to.value}: another writer or recovery resolved it first"
             )
 
-    def commit(self, files: Iterable[PlannedFile], written_bytes: dict[str, int], idle_vnodes: Iterable[int]) -> None:
+    def commit(
+        self, files: Iterable[PlannedFile], written_bytes: dict[str, int], idle_vnodes: Iterable[int], term: int
+    ) -> None:
         """Mark files committed and advance their vnodes' truncate points, in one transaction.
 
         ``idle_vnodes`` (vnodes with nothing held) are truncated to the last sealed epoch at the same time, so
@@ -220,6 +270,7 @@ class SinkState:
         """
         files = list(files)
         with self.db.atomic():
+            self._check_term(term, f"commit {', '.join(f.name for f in files) or 'idle vnodes'}")
             points: dict[int, int] = {}
             for f in files:
                 self._resolve(f, FileState.COMMITTED)
@@ -240,6 +291,7 @@ class SinkState:
                     (len(files), ratio),
                 )
 
-    def drop(self, f: PlannedFile) -> None:
+    def drop(self, f: PlannedFile, term: int) -> None:
         with self.db.atomic():
+            self._check_term(term, f"drop {f.name}")
             self._resolve(f, FileState.DROPPED)

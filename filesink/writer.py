@@ -12,11 +12,14 @@ value combination, ``<partition dirs>/<name>.parquet`` (or ``<name>.parquet`` wi
   written, so re-running a task overwrites its objects with the same bytes.
 - **Nothing partial is ever visible**: local objects are written to temp files in a staging directory
   (outside the output directory), fsynced, and renamed into place only once every object of the task is
-  complete; S3 objects are uploaded with deferred commit (a multipart upload that only
-  ``CompleteMultipartUpload`` makes visible) and committed only once every object of the task is complete.
-  On an error, temp files are removed and uploads aborted. Objects are published in sorted key order; a
-  failure (or crash) during publishing can leave a prefix of them visible, which is why recovery checks
-  visibility with :func:`object_keys` and a re-run rewrites the same bytes.
+  complete; S3 objects are multipart uploads (:mod:`filesink.upload`) that only ``CompleteMultipartUpload``
+  makes visible, completed only once every object of the task is complete. On an error, temp files are
+  removed and uploads aborted. Objects are published in sorted key order; a failure (or crash) during
+  publishing can leave a prefix of them visible, which is why recovery checks visibility with
+  :func:`object_keys` and a re-run rewrites the same bytes.
+- **Fenced**: a task of writer term ``T > 0`` writes its temp files in the term's staging directory and
+  records its uploads and object sizes in the log store, so that a restarted sink can stop it from
+  publishing (:mod:`filesink.fencing`); it then fails with :class:`FencedError`.
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
+from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, fsync_dir, is_local
 
-from .errors import FileWriteError
+from .errors import FencedError, FileWriteError
+from .fencing import Fence, ObjectRecord, term_dir
 from .partitioning import partition_dir
+from .upload import DEFAULT_PART_SIZE, MultipartObject
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +54,8 @@ SUFFIX = ".parquet"
 STAGING_SUFFIX = ".filesink-staging"
 """The default staging directory of a local output ``<parent>/<dir>`` is ``<parent>/.<dir>.filesink-staging``."""
 PARQUET_FORMAT_VERSION = "2.6"
-DEFERRED_COMMIT_PROTOCOLS = frozenset({"s3", "s3a"})
-"""fsspec protocols whose files are known to honour ``autocommit=False`` (nothing visible before ``commit``)."""
+MULTIPART_PROTOCOLS = frozenset({"s3", "s3a"})
+"""fsspec protocols written with multipart uploads (nothing visible before ``CompleteMultipartUpload``)."""
 
 _ROW_INDEX = "__filesink_row_index__"
 
@@ -64,6 +70,8 @@ class OutputLocation:
     staging_dir: str | None = None
     """Local output only: the directory for temp files (same file system as ``url``, outside it). Default:
     ``.<output dir name>.filesink-staging`` next to the output directory."""
+    part_size: int = DEFAULT_PART_SIZE
+    """S3 output only: the size of an upload part, which is also what each open object buffers."""
 
     @property
     def is_local(self) -> bool:
@@ -103,6 +111,12 @@ class FileTask:
     row_group_rows: int = 1_000_000
     """Rows per Parquet row group (a row group is written when a partition's buffer reaches it)."""
     compression: str = "zstd"
+    term: int = 0
+    """The writer term of the run that planned the file (:mod:`filesink.fencing`); 0 writes unfenced."""
+
+    @property
+    def fence(self) -> Fence | None:
+        return Fence(self.log, self.term) if self.term else None
 
 
 @dataclass(frozen=True)
@@ -154,6 +168,9 @@ class _Object(Protocol):
     def finish(self) -> int:
         """Make the written bytes complete and durable (not visible); return the object's size."""
 
+    def record(self, name: str, index: int, fence: Fence, size: int) -> None:
+        """Record the complete object for recovery (before it is published)."""
+
     def publish(self) -> None:
         """Make the object visible under its key."""
 
@@ -162,15 +179,28 @@ class _Object(Protocol):
 
 
 class _LocalObject:
-    def __init__(self, root: Path, staging: Path, key: str, temp_name: str) -> None:
+    def __init__(self, root: Path, staging: Path, key: str, temp_name: str, fenced: bool) -> None:
         self.key = key
         self.final = root / key
         self.temp = staging / temp_name
+        self.fenced = fenced
         self._file: BinaryIO | None = None
 
+    def _gone(self, action: str) -> FencedError:
+        return FencedError(
+            f"cannot {action} {self.key}: the staging directory {self.temp.parent} of this writer's term is gone, "
+            "so the sink has restarted since this writer started; it must not publish"
+        )
+
     def open(self) -> BinaryIO:
-        ensure_dir(self.temp.parent)
-        self._file = open(self.temp, "xb")  # noqa: SIM115 - closed by finish() or abort()
+        if not self.fenced:
+            ensure_dir(self.temp.parent)
+        try:
+            self._file = open(self.temp, "xb")  # noqa: SIM115 - closed by finish() or abort()
+        except FileNotFoundError:
+            if self.fenced and not self.temp.parent.is_dir():
+                raise self._gone("open a temp file for") from None
+            raise
         return self._file
 
     def finish(self) -> int:
@@ -183,9 +213,17 @@ class _LocalObject:
         finally:
             f.close()
 
+    def record(self, name: str, index: int, fence: Fence, size: int) -> None:
+        fence.record(ObjectRecord(fence.term, name, index, self.key, None, size))
+
     def publish(self) -> None:
         ensure_dir(self.final.parent)  # fsyncs the parents of the directories it creates
-        os.replace(self.temp, self.final)
+        try:
+            os.replace(self.temp, self.final)  # atomic against recovery renaming the term's staging directory
+        except FileNotFoundError:
+            if self.fenced and not self.temp.parent.is_dir():
+                raise self._gone("publish") from None
+            raise
 
     def abort(self) -> None:
         if self._file is not None:
@@ -198,81 +236,104 @@ class _LocalObject:
             log.warning("could not remove temp file %s: %s", self.temp, e)
 
 
-class _DeferredObject:
-    """An fsspec file opened with ``autocommit=False``: for s3fs a multipart upload, completed by commit."""
+class _UploadObject:
+    """An S3 object written as a multipart upload; with a fence, its upload id is recorded before any part."""
 
-    def __init__(self, fs: Any, path: str, key: str) -> None:
+    def __init__(
+        self, fs: Any, path: str, key: str, index: int, part_size: int, name: str, fence: Fence | None
+    ) -> None:
         self.key = key
-        self.fs = fs
-        self.path = path
-        self._file: Any = None
+        self.index = index
+        self.name = name
+        self.fence = fence
+        self.upload = MultipartObject(fs, path, part_size=part_size, on_create=self._created)
         self._published = False
 
+    def _created(self, upload_id: str) -> None:
+        if self.fence is None:
+            return
+        self.fence.record(ObjectRecord(self.fence.term, self.name, self.index, self.key, upload_id))
+        self.fence.check(f"file {self.name}, object {self.key}")
+
     def open(self) -> BinaryIO:
-        # ``_open`` rather than ``open``: ``fs.open(..., autocommit=False)`` also registers the file with the
-        # filesystem's (shared, cached) transaction object, which would keep every file object alive.
-        self._file = self.fs._open(self.path, mode="wb", autocommit=False)
-        f: BinaryIO = self._file
-        return f
+        return self.upload  # type: ignore[return-value]
 
     def finish(self) -> int:
-        size: int = self._file.tell()
-        self._file.close()  # uploads the last part; nothing is visible until commit()
-        return size
+        self.upload.close()  # uploads the last part; nothing is visible until complete()
+        return self.upload.size
+
+    def record(self, name: str, index: int, fence: Fence, size: int) -> None:
+        fence.record(ObjectRecord(fence.term, name, index, self.key, self.upload.upload_id, size))
 
     def publish(self) -> None:
-        self._file.commit()
+        try:
+            self.upload.complete()
+        except FileNotFoundError:
+            if self.fence is None:
+                raise
+            raise FencedError(
+                f"file {self.name}: cannot complete the upload of {self.key}: it was aborted, so the sink has "
+                "restarted since this writer started; it must not publish"
+            ) from None
         self._published = True
 
     def abort(self) -> None:
-        f = self._file
-        if f is None or self._published:
-            return
-        try:
-            f.discard()  # s3fs: aborts the multipart upload, if one was started, and drops the buffer
-        except Exception as e:
-            log.warning(
-                "could not abort the upload of %s (an incomplete multipart upload may be left; a bucket "
-                "lifecycle rule AbortIncompleteMultipartUpload removes those): %s",
-                self.path,
-                e,
-            )
-        f.closed = True  # never flush after discard (also not from the file's __del__)
+        if not self._published:
+            self.upload.abort()
 
 
 class _Target(Protocol):
     def new_object(self, key: str, index: int) -> _Object: ...
 
+    def check(self) -> None:
+        """Fail early if the writer is fenced already."""
+
     def after_publish(self, objects: Sequence[_Object]) -> None: ...
 
 
 class _LocalTarget:
-    def __init__(self, output: OutputLocation, name: str) -> None:
+    def __init__(self, output: OutputLocation, task: FileTask) -> None:
         self.root = output.local_root()
-        self.staging = output.local_staging()
-        self.name = name
+        self.fenced = task.term > 0
+        self.staging = output.local_staging() / term_dir(task.term) if self.fenced else output.local_staging()
+        self.name = task.name
         self.run = uuid.uuid4().hex[:12]  # only temp names are random; they never become visible
 
     def new_object(self, key: str, index: int) -> _Object:
-        return _LocalObject(self.root, self.staging, key, f".{self.name}.{index:05d}.{self.run}.tmp")
+        return _LocalObject(self.root, self.staging, key, f".{self.name}.{index:05d}.{self.run}.tmp", self.fenced)
+
+    def check(self) -> None:
+        if self.fenced and not self.staging.is_dir():
+            raise FencedError(
+                f"file {self.name}: the staging directory {self.staging} of this writer's term is gone, so the "
+                "sink has restarted since this writer started; it must not publish"
+            )
 
     def after_publish(self, objects: Sequence[_Object]) -> None:
         for directory in sorted({(self.root / o.key).parent for o in objects}):
             fsync_dir(directory)
 
 
-class _DeferredTarget:
-    def __init__(self, output: OutputLocation) -> None:
+class _UploadTarget:
+    def __init__(self, output: OutputLocation, task: FileTask) -> None:
         self.fs, self.root = output_filesystem(output)
         protocols = _protocols(self.fs)
-        if not protocols & DEFERRED_COMMIT_PROTOCOLS:
+        if not protocols & MULTIPART_PROTOCOLS:
             raise ValueError(
                 f"output {output.url}: protocol {'/'.join(sorted(protocols))} is not supported; the writer needs "
                 "files that stay invisible until committed (local directories and S3 are supported)"
             )
+        self.part_size = output.part_size
+        self.task = task
 
     def new_object(self, key: str, index: int) -> _Object:
-        return _DeferredObject(self.fs, f"{self.root}/{key}", key)
+        path = f"{self.root}/{key}"
+        return _UploadObject(self.fs, path, key, index, self.part_size, self.task.name, self.task.fence)
+
+    def check(self) -> None:
+        fence = self.task.fence
+        if fence is not None:
+            fence.check(f"file {self.task.name}")
 
     def after_publish(self, objects: Sequence[_Object]) -> None:
         return None
@@ -299,7 +360,7 @@ class _PartitionWriter:
     def _errors(self, action: str) -> Iterator[None]:
         try:
             yield
-        except FileWriteError:
+        except (FileWriteError, FencedError):
             raise
         except Exception as e:
             raise FileWriteError(f"file {self.task.name}: cannot {action} object {self.key}: {e}") from e
@@ -348,6 +409,7 @@ class _PartitionWriter:
             self.size = self.obj.finish()
 
     def publish(self) -> None:
+        failpoint("filesink.write.publish.before", self.key)
         with self._errors("publish"):
             self.obj.publish()
 
@@ -454,7 +516,8 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
     _check_task(task, schema)
     data_columns = [c for c in schema.names if c not in task.partition_by]
     file_schema = pa.schema([schema.field(c) for c in data_columns], metadata=schema.metadata)
-    target: _Target = _LocalTarget(output, task.name) if output.is_local else _DeferredTarget(output)
+    target: _Target = _LocalTarget(output, task) if output.is_local else _UploadTarget(output, task)
+    target.check()
     suffix = f"{task.name}{SUFFIX}"
 
     partitions: dict[str, _PartitionWriter] = {}
@@ -483,6 +546,15 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
         ordered = [partitions[d] for d in sorted(partitions, key=lambda d: partitions[d].key)]
         for writer in ordered:
             writer.finish()
+        fence = task.fence
+        if fence is not None:
+            for index, writer in enumerate(partitions.values()):
+                try:
+                    writer.obj.record(task.name, index, fence, writer.size)
+                except OSError as e:
+                    raise FileWriteError(
+                        f"file {task.name}: cannot record object {writer.key} in the log store: {e}"
+                    ) from e
         for writer in ordered:
             writer.publish()
         try:

@@ -5,10 +5,13 @@ environment variable ``FILESINK_FAILPOINTS``, a comma-separated list of ``name=a
 
 - ``raise``: raise :class:`FailpointError`;
 - ``kill``: SIGKILL the current process (nothing after that point runs, not even ``finally`` blocks);
-- ``hang``: sleep until the process is killed.
+- ``hang``: sleep until the process is killed;
+- ``stop``: SIGSTOP the current process; it carries on from there when sent SIGCONT (a paused "zombie").
 
-``name=action@N`` fires only on the N-th time (1-based) the failpoint is reached in this process. With the
-variable unset, :func:`failpoint` costs one dictionary lookup.
+``name=action@N`` fires only on the N-th time (1-based) the failpoint is reached in this process.
+``name#text=action`` fires only where the place's detail (for example the file being written) contains
+``text``; ``@N`` then counts those places only. With the variable unset, :func:`failpoint` costs one
+dictionary lookup.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import signal
 import time
 
 ENV_VAR = "FILESINK_FAILPOINTS"
-ACTIONS = ("raise", "kill", "hang")
+ACTIONS = ("raise", "kill", "hang", "stop")
 
 _hits: dict[str, int] = {}
 
@@ -27,8 +30,8 @@ class FailpointError(RuntimeError):
     """Raised by a failpoint configured with the ``raise`` action."""
 
 
-def _parse(spec: str) -> dict[str, tuple[str, int | None]]:
-    result: dict[str, tuple[str, int | None]] = {}
+def _parse(spec: str) -> dict[str, tuple[str, str, int | None]]:
+    result: dict[str, tuple[str, str, int | None]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, sep, action = item.partition("=")
         nth: int | None = None
@@ -39,25 +42,31 @@ def _parse(spec: str) -> dict[str, tuple[str, int | None]]:
             raise ValueError(
                 f"{ENV_VAR}: bad entry {item!r}; expected name=action with action one of {', '.join(ACTIONS)}"
             )
-        result[name.strip()] = (action, nth)
+        name, _, text = name.strip().partition("#")
+        result[name] = (action, text, nth)
     return result
 
 
-def failpoint(name: str) -> None:
-    """Fail here if the environment asks for it (see the module docstring)."""
+def failpoint(name: str, detail: str = "") -> None:
+    """Fail here if the environment asks for it (see the module docstring); ``detail`` says where exactly."""
     spec = os.environ.get(ENV_VAR)
     if not spec:
         return
     config = _parse(spec).get(name)
     if config is None:
         return
-    action, nth = config
+    action, text, nth = config
+    if text not in detail:
+        return
     _hits[name] = _hits.get(name, 0) + 1
     if nth is not None and _hits[name] != nth:
         return
     if action == "raise":
-        raise FailpointError(f"failpoint {name} fired")
+        raise FailpointError(f"failpoint {name} fired" + (f" at {detail}" if detail else ""))
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     while True:  # hang
         time.sleep(3600)

@@ -81,6 +81,9 @@ class Storage(Protocol):
     def remove_empty_dirs(self, up_to_epoch: int | None) -> None:
         """Remove empty epoch directories, of epochs up to ``up_to_epoch`` or all (object stores have none)."""
 
+    def prune_dirs(self, prefix: str) -> None:
+        """Remove empty directories below ``prefix`` (object stores have none)."""
+
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -267,6 +270,13 @@ class LocalStorage:
             with contextlib.suppress(OSError):  # not empty, or already gone
                 child.rmdir()
 
+    def prune_dirs(self, prefix: str) -> None:
+        base = self.root / prefix
+        for dirpath, _dirs, _files in os.walk(base, topdown=False):
+            if Path(dirpath) != base:
+                with contextlib.suppress(OSError):  # not empty, or already gone
+                    os.rmdir(dirpath)
+
 
 class FsspecStorage:
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
@@ -322,4 +332,7 @@ class FsspecStorage:
         return True
 
     def remove_empty_dirs(self, up_to_epoch: int | None) -> None:
+        return None
+
+    def prune_dirs(self, prefix: str) -> None:
         return None

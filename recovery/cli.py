@@ -37,8 +37,8 @@ class OpenSink:
     output: OutputLocation
     config: dict[str, Any]
 
-    def file_task(self, f: PlannedFile) -> FileTask:
-        return self.state.file_task(f, self.config["partition_by"])
+    def file_task(self, f: PlannedFile, term: int) -> FileTask:
+        return self.state.file_task(f, self.config["partition_by"], term=term)
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,14 +140,26 @@ def status(sink: OpenSink, parallelism: int | None) -> dict[str, Any]:
 
 
 def _plan_json(plan: RecoveryPlan) -> dict[str, Any]:
-    g = plan.log_garbage
-    return {
+    g, o = plan.log_garbage, plan.output_garbage
+    result: dict[str, Any] = {}
+    if plan.term is not None:
+        result["writer_term"] = plan.term
+        result["fenced"] = plan.fenced
+    return result | {
         "files": [
-            {**_file_json(r.file), "visible_objects": [k for k, _ in r.visible], "action": r.action.value}
+            {
+                **_file_json(r.file),
+                "visible_objects": [k for k, _ in r.visible],
+                "size_mismatch": r.mismatched,
+                "action": r.action.value,
+            }
             for r in plan.files
         ],
         "garbage": {
-            "staging_temp_files": plan.staging_temp_files,
+            "staging_temp_files": len(o.staging_temp_files),
+            "staging_dirs": len(o.staging_dirs),
+            "multipart_uploads": len(o.uploads),
+            "writer_records": len(o.records),
             "released_segments": g.released_segments,
             "unsealed_segments": g.orphan_segments,
             "log_temp_files": g.temp_files,
@@ -212,10 +224,17 @@ def _print_plan(p: dict[str, Any], done: bool) -> None:
         )
     g = p["garbage"]
     print(
-        f"garbage {'removed' if done else 'to remove'}: {g['staging_temp_files']} staging temp files, "
-        f"{g['released_segments']} released and {g['unsealed_segments']} unsealed log segments, "
-        f"{g['log_temp_files']} log temp files ({g['bytes']:,} bytes)"
+        f"garbage {'removed' if done else 'to remove'}: {g['staging_temp_files']} staging temp files "
+        f"({g['staging_dirs']} fenced staging directories), {g['multipart_uploads']} multipart uploads in "
+        f"progress, {g['writer_records']} writer records, {g['released_segments']} released and "
+        f"{g['unsealed_segments']} unsealed log segments, {g['log_temp_files']} log temp files "
+        f"({g['bytes']:,} bytes of log)"
     )
+    if done:
+        print(
+            f"writer term is now {p['writer_term']}; fenced {p['fenced']} staging directories or uploads of "
+            "earlier writers"
+        )
     if p["nothing_to_do"]:
         print("nothing to do")
 

@@ -1,8 +1,19 @@
-"""Resolve the files a sink left pending: visible ones are committed, invisible ones dropped (their vnodes
-rewind and the data is written again), partly visible partitioned ones written again and committed.
+"""Resolve the files a sink left pending, after fencing the writers that could still be writing them.
 
-:func:`plan_recovery` only looks; :func:`apply_recovery` acts and is idempotent: a second run finds nothing
-pending and no garbage. The sink runs :func:`apply_recovery` at every start; ``filesink recover`` runs both.
+:func:`apply_recovery`, in order (each step is safe to repeat if recovery itself dies part way):
+
+1. take a new writer term in the state database and publish it to the log store (:mod:`filesink.fencing`);
+2. fence older writers: rename their staging directories away (local), abort their recorded multipart
+   uploads (S3); from here on no file's visibility can change behind recovery's back;
+3. for each pending file, check visibility (objects exist, sizes as their writer recorded) and act:
+   visible: commit it and truncate its vnodes to its end epoch; not visible: drop it, so its vnodes rewind
+   and the data is written again; partly visible (partitioned), or not what its writer recorded: write it
+   again (same plan, same objects), then commit;
+4. remove garbage: staging temp files, this sink's multipart uploads still in progress under the output,
+   older terms' writer records, and the log store's unsealed and released segments.
+
+:func:`plan_recovery` only looks (steps 3 and 4 as they would be now). The sink runs :func:`apply_recovery`
+at every start; ``filesink recover`` runs both.
 """
 
 from __future__ import annotations
@@ -11,17 +22,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from filesink.fencing import ObjectRecord, publish_term, records
 from filesink.state import PlannedFile, SinkState
-from filesink.writer import FileTask, OutputLocation, clear_staging, object_keys, staging_files, write_file
+from filesink.writer import FileTask, OutputLocation, object_keys, write_file
 from logstore import GarbageReport, LogStore
+from logstore.failpoints import failpoint
+
+from .fence import (
+    OutputGarbage,
+    fence_writers,
+    find_output_garbage,
+    prepare_staging,
+    release_staging,
+    remove_output_garbage,
+)
 
 
 class Action(StrEnum):
     COMMIT = "commit"
     """Every object of the file is visible: mark it committed and truncate its vnodes to its end epoch."""
     REWRITE = "rewrite"
-    """Some partition objects are visible, maybe not all: write the file again (the same plan gives the
-    same objects), then commit it."""
+    """Some partition objects are visible, maybe not all, or a visible object is not the size its writer
+    recorded: write the file again (the same plan gives the same objects), then commit it."""
     DROP = "drop"
     """Nothing is visible: drop it; its vnodes keep their truncate points and the data is written again."""
 
@@ -31,32 +53,62 @@ class Resolution:
     file: PlannedFile
     visible: list[tuple[str, int]]
     action: Action
+    mismatched: list[str] = field(default_factory=list)
+    """Visible keys whose size differs from the size their writer recorded."""
 
 
 @dataclass
 class RecoveryPlan:
+    term: int | None = None
+    """The writer term recovery took (None for a dry run)."""
+    fenced: int = 0
+    """Staging directories and uploads of older writer terms fenced."""
     files: list[Resolution] = field(default_factory=list)
-    staging_temp_files: int = 0
+    output_garbage: OutputGarbage = field(default_factory=OutputGarbage)
     log_garbage: GarbageReport = field(default_factory=GarbageReport)
 
     @property
     def empty(self) -> bool:
-        g = self.log_garbage
-        return not (self.files or self.staging_temp_files or g.released_segments or g.orphan_segments or g.temp_files)
+        g, o = self.log_garbage, self.output_garbage
+        return not (
+            self.files
+            or o.staging_temp_files
+            or o.staging_dirs
+            or o.uploads
+            or o.records
+            or g.released_segments
+            or g.orphan_segments
+            or g.temp_files
+        )
 
 
-def _resolution(output: OutputLocation, partitioned: bool, f: PlannedFile) -> Resolution:
+def _recorded_sizes(found: list[ObjectRecord]) -> dict[tuple[str, str], set[int]]:
+    sizes: dict[tuple[str, str], set[int]] = {}
+    for r in found:
+        if r.size is not None:
+            sizes.setdefault((r.file, r.key), set()).add(r.size)
+    return sizes
+
+
+def _resolution(
+    output: OutputLocation, partitioned: bool, f: PlannedFile, sizes: dict[tuple[str, str], set[int]]
+) -> Resolution:
     visible = object_keys(output, f.name)
     if not visible:
         return Resolution(f, visible, Action.DROP)
-    return Resolution(f, visible, Action.REWRITE if partitioned else Action.COMMIT)
+    mismatched = [k for k, size in visible if (f.name, k) in sizes and size not in sizes[(f.name, k)]]
+    action = Action.REWRITE if partitioned or mismatched else Action.COMMIT
+    return Resolution(f, visible, action, mismatched)
 
 
 def plan_recovery(store: LogStore, state: SinkState, output: OutputLocation, *, partitioned: bool) -> RecoveryPlan:
-    """What recovery would do now. Changes nothing."""
+    """What recovery would do now. Changes nothing (and fences nothing: visibility can still change while
+    writers of the current term run)."""
+    term = state.term() + 1
+    sizes = _recorded_sizes(list(records(store.storage)))
     return RecoveryPlan(
-        files=[_resolution(output, partitioned, f) for f in state.pending()],
-        staging_temp_files=len(staging_files(output)),
+        files=[_resolution(output, partitioned, f, sizes) for f in state.pending()],
+        output_garbage=find_output_garbage(output, store.storage, store.sink_id, term),
         log_garbage=store.preview_garbage(unsealed=True),
     )
 
@@ -67,28 +119,43 @@ def apply_recovery(
     output: OutputLocation,
     *,
     partitioned: bool,
-    file_task: Callable[[PlannedFile], FileTask],
+    file_task: Callable[[PlannedFile, int], FileTask],
     progress: Callable[[int, int, Resolution], None] | None = None,
 ) -> RecoveryPlan:
-    """Resolve every pending file, then remove staging temp files and the log's garbage.
+    """Fence older writers, resolve every pending file, then remove garbage; see the module docstring.
 
-    Only run while no writer of the sink can run (the caller holds the state directory's lock). Returns what
-    was done. ``progress(done, total, resolution)`` is called after each file.
+    Only run while no writer of the sink's current term can run (the caller holds the state directory's
+    lock). Returns what was done, with the new writer term; ``file_task(file, term)`` builds the task that
+    writes a file again. ``progress(done, total, resolution)`` is called after each file.
     """
+    term = state.new_term()
+    failpoint("recovery.term.after")
+    publish_term(store.storage, term)
+    failpoint("recovery.publish.after")
+    done = RecoveryPlan(term=term)
+    done.fenced = fence_writers(output, store.storage, term)
+    failpoint("recovery.fence.after")
+    prepare_staging(output, term)
+    sizes = _recorded_sizes(list(records(store.storage)))
     pending = state.pending()
-    done = RecoveryPlan()
     for i, f in enumerate(pending, 1):
-        r = _resolution(output, partitioned, f)
+        r = _resolution(output, partitioned, f, sizes)
         if r.action is Action.DROP:
-            state.drop(f)
+            state.drop(f, term)
         elif r.action is Action.COMMIT:
-            state.commit([f], {f.name: sum(size for _, size in r.visible)}, [])
+            state.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
         else:
-            objects = write_file(output, file_task(f))
-            state.commit([f], {f.name: sum(o.size for o in objects)}, [])
+            objects = write_file(output, file_task(f, term))
+            state.commit([f], {f.name: sum(o.size for o in objects)}, [], term)
+        failpoint("recovery.resolve.after", f.name)
         done.files.append(r)
         if progress is not None:
             progress(i, len(pending), r)
-    done.staging_temp_files = clear_staging(output)
+    release_staging(output, term)
+    done.output_garbage = find_output_garbage(output, store.storage, store.sink_id, term)
+    # The records of this run's rewrites are garbage once their files are committed.
+    done.output_garbage.records += list(records(store.storage, term=term))
+    remove_output_garbage(output, store.storage, done.output_garbage)
+    failpoint("recovery.output_garbage.after")
     done.log_garbage = store.collect_garbage(unsealed=True)
     return done

@@ -40,3 +40,36 @@ def test_kill_action_kills_the_process():
         [sys.executable, "-c", code], env={ENV_VAR: "p=kill"}, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == -9 and "survived" not in proc.stdout
+
+
+def test_detail_filter_counts_only_matching_places(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "w.publish#-00016-=raise@2")
+    failpoint("w.publish", "part-x-00000-00007")
+    failpoint("w.publish", "part-x-00016-00023")  # first match
+    failpoint("w.publish", "part-x-00008-00015")
+    with pytest.raises(FailpointError, match="part-x-00016-00031"):
+        failpoint("w.publish", "part-x-00016-00031")
+
+
+def test_stop_action_pauses_until_continued():
+    import signal
+    import time
+
+    code = "from logstore.failpoints import failpoint; print('before', flush=True); failpoint('p'); print('after')"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={ENV_VAR: "p=stop"}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "before\n"
+        deadline = time.monotonic() + 30
+        while _state(proc.pid) != "T":
+            assert time.monotonic() < deadline, "the process did not stop itself"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGCONT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and out == "after\n"
+    finally:
+        proc.kill()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]

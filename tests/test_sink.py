@@ -263,12 +263,15 @@ def test_restart_resolves_pending_files_by_visibility(spark, tmp_path, monkeypat
     assert bool(pending) == (point != "filesink.commit.after")
     assert bool(parquet_files(path)) == visible
     sink.close()
+    term = sink._term
     staging = tmp_path / "state" / "staging"
-    staging.mkdir(exist_ok=True)
-    (staging / ".part-left-by-a-killed-writer.00000.x.tmp").write_bytes(b"partial")
+    assert list(staging.iterdir()) == [], "a closed sink leaves no staging directory"
+    (staging / f"term-{term:010d}").mkdir()
+    (staging / f"term-{term:010d}" / ".part-left-by-a-killed-writer.00000.x.tmp").write_bytes(b"partial")
     sink = open_sink()  # start-up recovery
-    assert sink._state.pending() == []
-    assert list(staging.iterdir()) == [], "temp files of killed writers are removed at start"
+    assert sink._state.pending() == [] and sink._term == term + 1
+    assert [p.name for p in staging.iterdir()] == [f"term-{term + 1:010d}"], "killed writers' temp files go"
+    assert list((staging / f"term-{term + 1:010d}").iterdir()) == []
     points = set(sink._store.truncate_points().values())
     assert points == ({1} if visible else {-1}), "visible files are committed, invisible ones rewound"
     expected.update(_run(sink, spark, 1, first=2))

@@ -366,8 +366,8 @@ def test_failure_mid_task_leaves_nothing(tmp_path, monkeypatch, where, request):
     if where == "local":
         output = OutputLocation(str(tmp_path / "out"))
     else:
-        options = {**request.getfixturevalue("s3_options"), "default_block_size": 5 * 2**20}
-        output = OutputLocation(request.getfixturevalue("s3_prefix") + "/table", options)
+        options = request.getfixturevalue("s3_options")
+        output = OutputLocation(request.getfixturevalue("s3_prefix") + "/table", options, part_size=5 * 2**20)
 
     at_failure: dict[str, Any] = {}
     real_read_plan = writer.read_plan
