@@ -86,6 +86,10 @@ class Fence:
         """Write ``record`` durably to the log store (one atomic write)."""
         self.log.open().write(record.relpath, [record.to_json()])
 
+    def forget(self, record: ObjectRecord) -> None:
+        """Delete ``record`` (a fenced writer cleaning up after itself)."""
+        self.log.open().delete(record.relpath)
+
     def check(self, where: str) -> None:
         """Raise :class:`FencedError` unless this writer's term is still the published one."""
         current = published_term(self.log.open())

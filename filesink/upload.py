@@ -37,6 +37,7 @@ class MultipartObject:
         *,
         part_size: int = DEFAULT_PART_SIZE,
         on_create: Callable[[str], None] | None = None,
+        on_gone: Callable[[], Exception] | None = None,
     ) -> None:
         if part_size < MIN_PART_SIZE:
             raise ValueError(f"part_size {part_size} is below S3's minimum part size of {MIN_PART_SIZE} bytes")
@@ -45,6 +46,7 @@ class MultipartObject:
         self.bucket, self.key, _ = fs.split_path(path)
         self.part_size = part_size
         self.on_create = on_create
+        self.on_gone = on_gone
         self.upload_id: str | None = None
         self.parts: list[dict[str, Any]] = []
         self.size = 0
@@ -92,7 +94,12 @@ class MultipartObject:
     # -- the upload --------------------------------------------------------------------------------------
 
     def _call(self, method: str, **kwargs: Any) -> Any:
-        return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+        try:
+            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+        except FileNotFoundError as e:
+            if self.on_gone is None or method == "create_multipart_upload":
+                raise
+            raise self.on_gone() from e  # the upload was aborted under us
 
     def _create(self) -> str:
         failpoint("filesink.upload.create.before", self.key)
@@ -113,7 +120,7 @@ class MultipartObject:
         self.parts.append({"PartNumber": number, "ETag": response["ETag"]})
 
     def complete(self) -> None:
-        """Make the object visible. ``FileNotFoundError`` if the upload was aborted (the writer was fenced)."""
+        """Make the object visible. If the upload was aborted: ``on_gone()``, or ``FileNotFoundError``."""
         assert self.closed and self.upload_id is not None, "complete() after close()"
         failpoint("filesink.upload.complete.before", self.key)
         self._call("complete_multipart_upload", UploadId=self.upload_id, MultipartUpload={"Parts": self.parts})

@@ -178,19 +178,25 @@ class _Object(Protocol):
         """Remove what was written (never raises); a published object stays."""
 
 
+def _staging_gone(where: str, staging: Path, term: int) -> FencedError:
+    return FencedError(
+        f"{where}: this writer belongs to writer term {term}, whose staging directory {staging} is gone: the sink "
+        "has restarted since this writer started, so it must not publish. Recovery has resolved or will resolve "
+        "this file."
+    )
+
+
 class _LocalObject:
-    def __init__(self, root: Path, staging: Path, key: str, temp_name: str, fenced: bool) -> None:
+    def __init__(self, root: Path, staging: Path, key: str, temp_name: str, term: int) -> None:
         self.key = key
         self.final = root / key
         self.temp = staging / temp_name
-        self.fenced = fenced
+        self.term = term
+        self.fenced = term > 0
         self._file: BinaryIO | None = None
 
     def _gone(self, action: str) -> FencedError:
-        return FencedError(
-            f"cannot {action} {self.key}: the staging directory {self.temp.parent} of this writer's term is gone, "
-            "so the sink has restarted since this writer started; it must not publish"
-        )
+        return _staging_gone(f"cannot {action} {self.key}", self.temp.parent, self.term)
 
     def open(self) -> BinaryIO:
         if not self.fenced:
@@ -246,14 +252,20 @@ class _UploadObject:
         self.index = index
         self.name = name
         self.fence = fence
-        self.upload = MultipartObject(fs, path, part_size=part_size, on_create=self._created)
+        self.upload = MultipartObject(
+            fs, path, part_size=part_size, on_create=self._created, on_gone=self._gone if fence else None
+        )
         self._published = False
 
     def _created(self, upload_id: str) -> None:
         if self.fence is None:
             return
         self.fence.record(ObjectRecord(self.fence.term, self.name, self.index, self.key, upload_id))
-        self.fence.check(f"file {self.name}, object {self.key}")
+        try:
+            self.fence.check(f"file {self.name}, object {self.key}")
+        except FencedError:
+            self.upload.abort()  # write_file removes the records
+            raise
 
     def open(self) -> BinaryIO:
         return self.upload  # type: ignore[return-value]
@@ -265,16 +277,15 @@ class _UploadObject:
     def record(self, name: str, index: int, fence: Fence, size: int) -> None:
         fence.record(ObjectRecord(fence.term, name, index, self.key, self.upload.upload_id, size))
 
+    def _gone(self) -> FencedError:
+        term = self.fence.term if self.fence else 0
+        return FencedError(
+            f"file {self.name}: the upload of {self.key} was aborted: the sink has restarted since this writer of "
+            f"writer term {term} started, so it must not publish. Recovery has resolved or will resolve this file."
+        )
+
     def publish(self) -> None:
-        try:
-            self.upload.complete()
-        except FileNotFoundError:
-            if self.fence is None:
-                raise
-            raise FencedError(
-                f"file {self.name}: cannot complete the upload of {self.key}: it was aborted, so the sink has "
-                "restarted since this writer started; it must not publish"
-            ) from None
+        self.upload.complete()
         self._published = True
 
     def abort(self) -> None:
@@ -294,20 +305,18 @@ class _Target(Protocol):
 class _LocalTarget:
     def __init__(self, output: OutputLocation, task: FileTask) -> None:
         self.root = output.local_root()
+        self.term = task.term
         self.fenced = task.term > 0
         self.staging = output.local_staging() / term_dir(task.term) if self.fenced else output.local_staging()
         self.name = task.name
         self.run = uuid.uuid4().hex[:12]  # only temp names are random; they never become visible
 
     def new_object(self, key: str, index: int) -> _Object:
-        return _LocalObject(self.root, self.staging, key, f".{self.name}.{index:05d}.{self.run}.tmp", self.fenced)
+        return _LocalObject(self.root, self.staging, key, f".{self.name}.{index:05d}.{self.run}.tmp", self.term)
 
     def check(self) -> None:
         if self.fenced and not self.staging.is_dir():
-            raise FencedError(
-                f"file {self.name}: the staging directory {self.staging} of this writer's term is gone, so the "
-                "sink has restarted since this writer started; it must not publish"
-            )
+            raise _staging_gone(f"file {self.name}", self.staging, self.term)
 
     def after_publish(self, objects: Sequence[_Object]) -> None:
         for directory in sorted({(self.root / o.key).parent for o in objects}):
@@ -367,8 +376,11 @@ class _PartitionWriter:
 
     def _open(self) -> pq.ParquetWriter:
         if self._writer is None:
+            failpoint("filesink.write.open.before", self.key)
             with self._errors("open"):
                 sink = self.obj.open()
+            failpoint("filesink.write.open.after", self.key)
+            with self._errors("open"):
                 self._writer = pq.ParquetWriter(
                     sink,
                     self.schema,
@@ -561,11 +573,22 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
             target.after_publish([w.obj for w in ordered])
         except OSError as e:
             raise FileWriteError(f"file {task.name}: cannot sync the directories of {ordered[0].key}: {e}") from e
-    except BaseException:
+    except BaseException as e:
         for writer in partitions.values():
             writer.abort()
+        if isinstance(e, FencedError) and task.fence is not None:
+            _forget_records(task.fence, task.name, len(partitions))
         raise
     return [WrittenObject(w.key, w.size, w.rows) for w in ordered]
+
+
+def _forget_records(fence: Fence, name: str, objects: int) -> None:
+    """A fenced writer removes its records (recovery may have listed them already); best effort."""
+    for index in range(objects):
+        try:
+            fence.forget(ObjectRecord(fence.term, name, index, ""))
+        except Exception as e:
+            log.debug("could not remove the record of object %d of %s: %s", index, name, e)
 
 
 # -- object_keys ---------------------------------------------------------------------------------------------

@@ -49,3 +49,12 @@ def expected_order(epochs: dict[int, list[tuple[str, pa.Table]]], vnodes: range)
                     (v, epoch, i, p) for i, p, vn in zip(d["id"], d["payload"], d["__vnode"], strict=True) if vn == v
                 ]
     return out
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of a process from ``/proc`` (``T`` when stopped), or ``gone``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"

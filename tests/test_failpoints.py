@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import process_state
 
 from logstore.failpoints import ENV_VAR, FailpointError, failpoint
 
@@ -60,7 +61,7 @@ def test_stop_action_pauses_until_continued():
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "before\n"
         deadline = time.monotonic() + 30
-        while _state(proc.pid) != "T":
+        while process_state(proc.pid) != "T":
             assert time.monotonic() < deadline, "the process did not stop itself"
             time.sleep(0.02)
         proc.send_signal(signal.SIGCONT)
@@ -68,8 +69,3 @@ def test_stop_action_pauses_until_continued():
         assert proc.returncode == 0 and out == "after\n"
     finally:
         proc.kill()
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]

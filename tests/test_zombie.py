@@ -1,0 +1,160 @@
+"""Zombie writers: a file writer of a run that died is paused (SIGSTOP) while it writes; the sink restarts
+(at another parallelism) and recovers; the writer is resumed and tries to finish. It must be fenced, and the
+output must hold every row exactly once.
+
+The old run is driven step by step in this process (append, seal, plan, pre-commit; one file written here,
+one handed to a writer process that stops itself at a failpoint), then "dies" without cleaning up: its lock
+is released and its database closed, as the OS would. No Spark: the writer process runs exactly what a Spark
+task runs, ``write_file(output, task)``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from helpers import process_state
+from sink_helpers import COLUMNS, batch_rows, parquet_files, read_duckdb, read_pyarrow
+
+from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.fencing import PREFIX, TERM_FILE
+from filesink.planner import is_file_name, plan
+from filesink.sink import _nullable
+from filesink.writer import write_file
+from logstore import VNODE_COLUMN
+from logstore.failpoints import ENV_VAR
+
+WRITER = Path(__file__).with_name("zombie_writer.py")
+RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)
+TYPES = [pa.int64(), pa.int64(), pa.string(), pa.float64()]
+
+# (where the writer pauses, partitioned by event_date): every step between "started" and "published".
+LOCAL_PAUSES = [
+    ("filesink.write.open.before=stop", False),
+    ("filesink.write.open.after=stop", False),
+    ("filesink.write.publish.before=stop", False),
+    ("filesink.write.publish.before=stop@2", True),  # one partition object already published
+    ("filesink.write.open.after=stop@3", True),
+]
+S3_PAUSES = [
+    ("filesink.write.open.before=stop", False),
+    ("filesink.upload.create.after=stop", False),  # upload created, its id not yet recorded
+    ("filesink.upload.part.before=stop", False),  # id recorded, no part sent
+    ("filesink.upload.complete.before=stop", False),
+    ("filesink.upload.complete.before=stop@2", True),  # one partition object already completed
+]
+TRIALS = [("local", i, *LOCAL_PAUSES[i % 5]) for i in range(10)] + [("s3", i, *S3_PAUSES[i % 5]) for i in range(10)]
+
+
+def _append(sink: ExactlyOnceParquetSink, epoch: int, rows: list[tuple]) -> None:
+    """What the sink's Spark append does for one micro-batch, in this process."""
+    columns = list(zip(*rows, strict=True))
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
+    table = table.append_column(VNODE_COLUMN, pa.array([u % sink.vnodes for u in columns[1]], pa.int32()))
+    descriptor = sink._store.append(epoch, table, writer_id="test")
+    sink._store.seal(epoch, [descriptor])
+    if sink._state.arrow_schema() is None:
+        sink._state.record_schema("[]", _nullable(descriptor))
+
+
+def _wait_stopped(proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while process_state(proc.pid) != "T":
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the writer finished instead of pausing (exit {proc.returncode}): {out} {err[-2000:]}")
+        assert time.monotonic() < deadline, "the writer did not reach its pause point"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(("where", "trial", "pause", "partitioned"), TRIALS, ids=[f"{t[0]}-{t[1]}" for t in TRIALS])
+def test_paused_writer_is_fenced_after_restart(tmp_path, request, where, trial, pause, partitioned):
+    if where == "local":
+        path, options, log_store = str(tmp_path / "out"), None, None
+    else:
+        prefix = request.getfixturevalue("s3_prefix")
+        path, options, log_store = prefix + "/table", request.getfixturevalue("s3_options"), prefix + "/log"
+
+    def open_sink(parallelism: int) -> ExactlyOnceParquetSink:
+        return ExactlyOnceParquetSink(
+            path,
+            tmp_path / "state",
+            log_store=log_store,
+            vnodes=8,
+            parallelism=parallelism,
+            partition_by=["event_date"] if partitioned else None,
+            rollover=RULES,
+            storage_options=options,
+        )
+
+    expected: Counter = Counter()
+    old = open_sink(2)
+    for epoch in range(2):
+        rows = batch_rows(epoch, 200, seed=trial)
+        expected.update(rows)
+        _append(old, epoch, rows)
+    files, _idle = plan(old._store, RULES, 2, now=time.time(), bytes_per_log_byte=1.0, force=True)
+    assert len(files) == 2
+    old._state.precommit(files, old._term)
+    victim, other = (old._file_task(f, old._term) for f in files)
+    write_file(old._output, other)  # published; the old run dies before committing it
+
+    task_file = tmp_path / "task.pickle"
+    task_file.write_bytes(pickle.dumps((old._output, victim)))
+    env = dict(os.environ, **{ENV_VAR: f"{pause.split('=')[0]}#{victim.name}={pause.split('=')[1]}"})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WRITER.parent), env.get("PYTHONPATH")]))
+    zombie = subprocess.Popen(
+        [sys.executable, str(WRITER), str(task_file)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_stopped(zombie)
+        old._state_lock.release()  # the old driver dies: the OS releases its lock and files
+        old._store.close()
+
+        new = open_sink(1 if trial % 2 else 4)  # restart at another parallelism: recovery runs
+        assert new._term == old._term + 1
+        assert new._state.pending() == []
+
+        zombie.send_signal(signal.SIGCONT)
+        out, err = zombie.communicate(timeout=120)
+    finally:
+        if zombie.poll() is None:
+            zombie.kill()
+            zombie.wait()
+    assert zombie.returncode == 3 and out.startswith("fenced:"), f"the zombie was not fenced: {out} {err[-3000:]}"
+    assert f"term {old._term}" in out
+
+    for epoch in range(2, 4):  # the new run goes on
+        rows = batch_rows(epoch, 200, seed=trial)
+        expected.update(rows)
+        _append(new, epoch, rows)
+    new.flush()
+    new.close()
+
+    parts = ("event_date",) if partitioned else ()
+    assert read_pyarrow(path, options, parts) == expected
+    assert read_duckdb(path, options, parts) == expected
+    objects = parquet_files(path, options)
+    assert all(is_file_name(new._store.sink_id, o.rsplit("/", 1)[-1]) for o in objects), objects
+    records = [r for r, _ in new._store.storage.list_files(PREFIX) if r != TERM_FILE]
+    assert records == [], "writer records are removed"
+    if where == "local":
+        staging = tmp_path / "state" / "staging"
+        assert list(staging.rglob("*")) == [], "no temp files or staging directories are left"
+    else:
+        fs = new._store.storage.fs  # type: ignore[attr-defined]
+        bucket, key, _ = fs.split_path(path)
+        uploads = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key + "/").get("Uploads") or []
+        assert uploads == [], "no multipart upload is left in progress"

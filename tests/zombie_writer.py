@@ -1,0 +1,31 @@
+"""A file writer run as its own process, so that a test can pause it (SIGSTOP) and resume it later.
+
+Usage: python zombie_writer.py TASK_PICKLE
+
+Unpickles ``(output, task)`` and runs ``write_file`` on it, as a Spark task would. Exit 0 and ``published``
+when the file became visible; exit 3 and ``fenced: <message>`` when the writer was fenced.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+from filesink.errors import FencedError
+from filesink.writer import write_file
+
+
+def main() -> int:
+    with open(sys.argv[1], "rb") as f:
+        output, task = pickle.load(f)
+    try:
+        write_file(output, task)
+    except FencedError as e:
+        print(f"fenced: {e}", flush=True)
+        return 3
+    print("published", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
