@@ -58,8 +58,9 @@ def failpoint(name: str, detail: str = "") -> None:
     action, text, nth = config
     if text not in detail:
         return
-    _hits[name] = _hits.get(name, 0) + 1
-    if nth is not None and _hits[name] != nth:
+    key = f"{name}#{text}" if text else name
+    _hits[key] = _hits.get(key, 0) + 1
+    if nth is not None and _hits[key] != nth:
         return
     if action == "raise":
         raise FailpointError(f"failpoint {name} fired" + (f" at {detail}" if detail else ""))

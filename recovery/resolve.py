@@ -42,8 +42,9 @@ class Action(StrEnum):
     COMMIT = "commit"
     """Every object of the file is visible: mark it committed and truncate its vnodes to its end epoch."""
     REWRITE = "rewrite"
-    """Some partition objects are visible, maybe not all, or a visible object is not the size its writer
-    recorded: write the file again (the same plan gives the same objects), then commit it."""
+    """Some partition objects are visible but not known to be all (no writer records list them), or a
+    visible object is not the size its writer recorded: write the file again (the same plan gives the same
+    objects), then commit it."""
     DROP = "drop"
     """Nothing is visible: drop it; its vnodes keep their truncate points and the data is written again."""
 
@@ -82,22 +83,28 @@ class RecoveryPlan:
         )
 
 
-def _recorded_sizes(found: list[ObjectRecord]) -> dict[tuple[str, str], set[int]]:
-    sizes: dict[tuple[str, str], set[int]] = {}
+Recorded = dict[str, dict[str, set[int]]]
+"""Per file name, per object key, the sizes its writers recorded (all objects are recorded before any is
+published, and the same plan always gives the same objects)."""
+
+
+def _recorded(found: list[ObjectRecord]) -> Recorded:
+    sizes: Recorded = {}
     for r in found:
         if r.size is not None:
-            sizes.setdefault((r.file, r.key), set()).add(r.size)
+            sizes.setdefault(r.file, {}).setdefault(r.key, set()).add(r.size)
     return sizes
 
 
-def _resolution(
-    output: OutputLocation, partitioned: bool, f: PlannedFile, sizes: dict[tuple[str, str], set[int]]
-) -> Resolution:
+def _resolution(output: OutputLocation, partitioned: bool, f: PlannedFile, recorded: Recorded) -> Resolution:
     visible = object_keys(output, f.name)
     if not visible:
         return Resolution(f, visible, Action.DROP)
-    mismatched = [k for k, size in visible if (f.name, k) in sizes and size not in sizes[(f.name, k)]]
-    action = Action.REWRITE if partitioned or mismatched else Action.COMMIT
+    sizes = recorded.get(f.name, {})
+    mismatched = [k for k, size in visible if k in sizes and size not in sizes[k]]
+    # A partitioned file is known to be complete only if its writer's records list exactly the visible keys.
+    complete = not partitioned or (bool(sizes) and set(sizes) == {k for k, _ in visible})
+    action = Action.COMMIT if complete and not mismatched else Action.REWRITE
     return Resolution(f, visible, action, mismatched)
 
 
@@ -105,9 +112,9 @@ def plan_recovery(store: LogStore, state: SinkState, output: OutputLocation, *, 
     """What recovery would do now. Changes nothing (and fences nothing: visibility can still change while
     writers of the current term run)."""
     term = state.term() + 1
-    sizes = _recorded_sizes(list(records(store.storage)))
+    recorded = _recorded(list(records(store.storage)))
     return RecoveryPlan(
-        files=[_resolution(output, partitioned, f, sizes) for f in state.pending()],
+        files=[_resolution(output, partitioned, f, recorded) for f in state.pending()],
         output_garbage=find_output_garbage(output, store.storage, store.sink_id, term),
         log_garbage=store.preview_garbage(unsealed=True),
     )
@@ -136,10 +143,10 @@ def apply_recovery(
     done.fenced = fence_writers(output, store.storage, term)
     failpoint("recovery.fence.after")
     prepare_staging(output, term)
-    sizes = _recorded_sizes(list(records(store.storage)))
+    recorded = _recorded(list(records(store.storage)))
     pending = state.pending()
     for i, f in enumerate(pending, 1):
-        r = _resolution(output, partitioned, f, sizes)
+        r = _resolution(output, partitioned, f, recorded)
         if r.action is Action.DROP:
             state.drop(f, term)
         elif r.action is Action.COMMIT:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 COLUMNS = ["id", "user_id", "event_date", "amount"]
+TYPES = [pa.int64(), pa.int64(), pa.string(), pa.float64()]
 
 
 def batch_rows(batch: int, rows: int, seed: int = 0) -> list[tuple]:
@@ -62,3 +63,17 @@ def read_duckdb(path: str, options: dict | None = None, partition_by: tuple[str,
         f"SELECT {', '.join(COLUMNS)} FROM read_parquet('{glob}', hive_partitioning={hive}{types})"
     ).fetchall()
     return Counter(rows)
+
+
+def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
+    """What the sink's Spark append and seal do for one micro-batch, in this process (vnode = user_id % V)."""
+    from filesink.sink import _nullable
+    from logstore import VNODE_COLUMN
+
+    columns = list(zip(*rows, strict=True))
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
+    table = table.append_column(VNODE_COLUMN, pa.array([u % sink.vnodes for u in columns[1]], pa.int32()))
+    descriptor = sink._store.append(epoch, table, writer_id="test")
+    sink._store.seal(epoch, [descriptor])
+    if sink._state.arrow_schema() is None:
+        sink._state.record_schema("[]", _nullable(descriptor))

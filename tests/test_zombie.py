@@ -19,22 +19,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from helpers import process_state
-from sink_helpers import COLUMNS, batch_rows, parquet_files, read_duckdb, read_pyarrow
+from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.fencing import PREFIX, TERM_FILE
 from filesink.planner import is_file_name, plan
-from filesink.sink import _nullable
 from filesink.writer import write_file
-from logstore import VNODE_COLUMN
 from logstore.failpoints import ENV_VAR
 
 WRITER = Path(__file__).with_name("zombie_writer.py")
 RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)
-TYPES = [pa.int64(), pa.int64(), pa.string(), pa.float64()]
 
 # (where the writer pauses, partitioned by event_date): every step between "started" and "published".
 LOCAL_PAUSES = [
@@ -52,17 +48,6 @@ S3_PAUSES = [
     ("filesink.upload.complete.before=stop@2", True),  # one partition object already completed
 ]
 TRIALS = [("local", i, *LOCAL_PAUSES[i % 5]) for i in range(10)] + [("s3", i, *S3_PAUSES[i % 5]) for i in range(10)]
-
-
-def _append(sink: ExactlyOnceParquetSink, epoch: int, rows: list[tuple]) -> None:
-    """What the sink's Spark append does for one micro-batch, in this process."""
-    columns = list(zip(*rows, strict=True))
-    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
-    table = table.append_column(VNODE_COLUMN, pa.array([u % sink.vnodes for u in columns[1]], pa.int32()))
-    descriptor = sink._store.append(epoch, table, writer_id="test")
-    sink._store.seal(epoch, [descriptor])
-    if sink._state.arrow_schema() is None:
-        sink._state.record_schema("[]", _nullable(descriptor))
 
 
 def _wait_stopped(proc: subprocess.Popen[str]) -> None:
@@ -100,7 +85,7 @@ def test_paused_writer_is_fenced_after_restart(tmp_path, request, where, trial, 
     for epoch in range(2):
         rows = batch_rows(epoch, 200, seed=trial)
         expected.update(rows)
-        _append(old, epoch, rows)
+        append_epoch(old, epoch, rows)
     files, _idle = plan(old._store, RULES, 2, now=time.time(), bytes_per_log_byte=1.0, force=True)
     assert len(files) == 2
     old._state.precommit(files, old._term)
@@ -139,7 +124,7 @@ def test_paused_writer_is_fenced_after_restart(tmp_path, request, where, trial, 
     for epoch in range(2, 4):  # the new run goes on
         rows = batch_rows(epoch, 200, seed=trial)
         expected.update(rows)
-        _append(new, epoch, rows)
+        append_epoch(new, epoch, rows)
     new.flush()
     new.close()
 
