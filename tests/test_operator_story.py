@@ -1,5 +1,6 @@
-"""The operator story: a job with parallelism 4 dies during a rollover; ``recover plan`` shows what is
-pending and whether it is visible; ``recover apply`` resolves it; the job restarts with parallelism 2, dies
+"""The operator story: a job with parallelism 4 dies during a rollover, with three of its four files
+published and one writer still at work; ``recover plan`` shows which files are visible; ``recover apply``
+resolves them; the job restarts with parallelism 2, dies
 again after writing files but before committing them, is recovered, and finishes with parallelism 8. The
 output equals the input exactly."""
 
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -55,6 +57,34 @@ def _job(tmp_path: Path, parallelism: int, failpoints: str = "") -> subprocess.C
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def _job_killed_when(tmp_path: Path, parallelism: int, failpoints: str, visible: int) -> None:
+    """Run the job until ``visible`` Parquet files are in the output, then SIGKILL it (and its workers)."""
+    env = dict(os.environ, **{ENV_VAR: failpoints})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB.parent), env.get("PYTHONPATH")]))
+    args = [sys.executable, str(JOB), *(str(tmp_path / d) for d in ("input", "out", "state", "checkpoint"))]
+    proc = subprocess.Popen(
+        [*args, str(parallelism)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while len(list((tmp_path / "out").glob("*.parquet"))) < visible:
+            assert proc.poll() is None, f"the job ended (exit {proc.returncode}): {proc.stderr.read()[-3000:]}"
+            assert time.monotonic() < deadline, "the job did not publish its files"
+            time.sleep(0.1)
+        time.sleep(0.5)  # the hung writer stays hung
+        assert len(list((tmp_path / "out").glob("*.parquet"))) == visible
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+
+
 def _recover(tmp_path: Path, step: str) -> dict:
     proc = subprocess.run(
         [
@@ -81,25 +111,37 @@ def test_killed_during_rollover_then_recovered_and_rescaled(tmp_path):
     expected: Counter = Counter()
     _add_input(tmp_path, 0, 6, expected)
 
-    # 1. Parallelism 4, killed right after its first files were pre-committed: pending, nothing visible.
-    run = _job(tmp_path, 4, "filesink.precommit.after=kill@1")
-    assert run.returncode == -9, run.stderr[-2000:]
+    # 1. Parallelism 4, killed during its first rollover: the writer of vnodes 16-23 hangs before it
+    #    publishes, the other three publish their files; all four are pending.
+    _job_killed_when(tmp_path, 4, "filesink.write.publish.before#-00016-00023-=hang", visible=3)
     status = _recover(tmp_path, "status")
     assert status["held_by"] is None and len(status["pending_files"]) == 4
     assert [w["vnodes"] for w in status["writers"]] == [[0, 15], [16, 31]]
     plan = _recover(tmp_path, "plan")
-    assert [f["action"] for f in plan["files"]] == ["drop"] * 4
-    assert all(not f["visible_objects"] for f in plan["files"])
+    by_vnodes = {tuple(f["vnodes"]): f for f in plan["files"]}
+    assert sorted(by_vnodes) == [(0, 7), (8, 15), (16, 23), (24, 31)]
+    assert {v: f["action"] for v, f in by_vnodes.items()} == {
+        (0, 7): "commit",
+        (8, 15): "commit",
+        (16, 23): "drop",
+        (24, 31): "commit",
+    }
+    assert [bool(f["visible_objects"]) for f in by_vnodes.values()] == [True, True, False, True]
     done = _recover(tmp_path, "apply")
-    assert [f["action"] for f in done["files"]] == ["drop"] * 4
+    assert sorted(f["action"] for f in done["files"]) == ["commit", "commit", "commit", "drop"]
     assert _recover(tmp_path, "plan")["nothing_to_do"]
+    status = _recover(tmp_path, "status")
+    points = {int(v): e for v, e in status["truncate_points"].items()}
+    assert {points[v] for v in range(16, 24)} == {-1}, "the dropped file's vnodes rewind"
+    assert {points[v] for v in [*range(16), *range(24, 32)]} == {1}, "committed files' vnodes are truncated"
 
     # 2. Parallelism 2, killed after writing files but before committing them: pending and visible.
     _add_input(tmp_path, 6, 4, expected)
     run = _job(tmp_path, 2, "filesink.write.after=kill@1")
     assert run.returncode == -9, run.stderr[-2000:]
     plan = _recover(tmp_path, "plan")
-    assert [f["action"] for f in plan["files"]] == ["commit"] * 2
+    # its first rollover: the rewound vnodes 16-23 hold two epochs at once, so writer 1 (16-31) rolls first
+    assert [(f["vnodes"], f["action"]) for f in plan["files"]] == [([16, 31], "commit")]
     assert all(f["visible_objects"] for f in plan["files"])
     _recover(tmp_path, "apply")
     status = _recover(tmp_path, "status")
