@@ -6,7 +6,7 @@ value combination, ``<partition dirs>/<name>.parquet`` (or ``<name>.parquet`` wi
 
 - **Bounded memory**: per partition, rows are buffered until ``row_group_rows`` of them are there, then
   written as row groups of exactly that many rows; nothing else of the file is held in memory (object store
-  uploads also hold up to one upload block per open object, the filesystem's ``block_size``).
+  uploads also hold up to one upload part per open object, ``OutputLocation.part_size``).
 - **Deterministic**: the objects' keys and bytes depend only on the task (plan, data and options) and on the
   pyarrow version, whose ``created_by`` string is in every file. Nothing time- or random-dependent is
   written, so re-running a task overwrites its objects with the same bytes.

@@ -117,6 +117,7 @@ def status(sink: OpenSink, parallelism: int | None) -> dict[str, Any]:
         "partition_by": sink.config["partition_by"],
         "last_sealed_epoch": store.last_sealed_epoch,
         "held_by": lock_holder(sink.state_dir),
+        "writer_term": sink.state.term(),
         "truncate_points": {str(v): e for v, e in points.items()},
         "backlog": {
             "epochs": len(store.sealed_epochs()),
@@ -174,6 +175,7 @@ def _print_status(s: dict[str, Any]) -> None:
     for key in ("output", "log_store", "vnodes", "key_columns", "partition_by", "last_sealed_epoch"):
         print(f"  {key.replace('_', ' ')}: {s[key]}")
     print(f"  held by: {s['held_by'] or 'nobody (no live query)'}")
+    print(f"  writer term: {s['writer_term']}")
     by_epoch: dict[int, list[int]] = {}
     for v, e in s["truncate_points"].items():
         by_epoch.setdefault(e, []).append(int(v))

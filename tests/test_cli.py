@@ -84,8 +84,9 @@ def test_invisible_files_are_planned_as_drop_and_applied_once(tmp_path, monkeypa
     assert after["pending_files"] == [] and set(after["truncate_points"].values()) == {-1}
 
     again = cli_json("recover", "apply", "--state-dir", state)
-    assert again["files"] == [] and again["nothing_to_do"]
-    assert cli_json("recover", "status", "--state-dir", state) == after
+    assert again["files"] == [] and again["nothing_to_do"] and again["fenced"] == 0
+    assert again["writer_term"] == after["writer_term"] + 1, "each apply takes the next writer term"
+    assert cli_json("recover", "status", "--state-dir", state) == {**after, "writer_term": after["writer_term"] + 1}
 
     sink = _sink(tmp_path)  # the data was rewound: a flush writes it, once
     sink.flush()
@@ -98,7 +99,7 @@ def test_visible_files_are_committed(tmp_path, monkeypatch, partition_by):
     expected = _crashed_sink(tmp_path, monkeypatch, "filesink.write.after", partition_by)
     state = str(tmp_path / "state")
     plan = cli_json("recover", "plan", "--state-dir", state)
-    action = "rewrite" if partition_by else "commit"
+    action = "commit"  # partitioned too: the writer's records show that every object is visible
     assert [f["action"] for f in plan["files"]] == [action, action]
     assert all(f["visible_objects"] for f in plan["files"])
     proc = cli("recover", "apply", "--state-dir", state)
