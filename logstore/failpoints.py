@@ -12,15 +12,22 @@ environment variable ``FILESINK_FAILPOINTS``, a comma-separated list of ``name=a
 ``name#text=action`` fires only where the place's detail (for example the file being written) contains
 ``text``; ``@N`` then counts those places only. With the variable unset, :func:`failpoint` costs one
 dictionary lookup.
+
+With ``FILESINK_FAILPOINT_DIR`` set to a directory shared by the processes of a test (driver, Spark
+workers, restarts), every failpoint that fires first appends ``<name> <pid> <detail>`` to ``fired.log``
+there, and ``name=action@once`` fires only the first time the failpoint is reached in any of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
 
 ENV_VAR = "FILESINK_FAILPOINTS"
+DIR_VAR = "FILESINK_FAILPOINT_DIR"
+FIRED_LOG = "fired.log"
 ACTIONS = ("raise", "kill", "hang", "stop")
 
 _hits: dict[str, int] = {}
@@ -30,6 +37,10 @@ class FailpointError(RuntimeError):
     """Raised by a failpoint configured with the ``raise`` action."""
 
 
+ONCE = 0
+"""``@once`` as a count: the first time in any process sharing ``FILESINK_FAILPOINT_DIR``."""
+
+
 def _parse(spec: str) -> dict[str, tuple[str, str, int | None]]:
     result: dict[str, tuple[str, str, int | None]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -37,7 +48,9 @@ def _parse(spec: str) -> dict[str, tuple[str, str, int | None]]:
         nth: int | None = None
         if "@" in action:
             action, _, count = action.partition("@")
-            nth = int(count)
+            if count == "once" and not os.environ.get(DIR_VAR):
+                raise ValueError(f"{ENV_VAR}: {item!r} uses @once, which needs {DIR_VAR} set to a shared directory")
+            nth = ONCE if count == "once" else int(count)
         if not sep or action not in ACTIONS:
             raise ValueError(
                 f"{ENV_VAR}: bad entry {item!r}; expected name=action with action one of {', '.join(ACTIONS)}"
@@ -60,8 +73,13 @@ def failpoint(name: str, detail: str = "") -> None:
         return
     key = f"{name}#{text}" if text else name
     _hits[key] = _hits.get(key, 0) + 1
-    if nth is not None and _hits[key] != nth:
+    if nth is not None and nth != ONCE and _hits[key] != nth:
         return
+    shared = os.environ.get(DIR_VAR)
+    if shared:
+        if nth == ONCE and not _first_time(shared, key):
+            return
+        _log_fired(shared, name, detail)
     if action == "raise":
         raise FailpointError(f"failpoint {name} fired" + (f" at {detail}" if detail else ""))
     if action == "kill":
@@ -71,3 +89,36 @@ def failpoint(name: str, detail: str = "") -> None:
         return
     while True:  # hang
         time.sleep(3600)
+
+
+def _first_time(shared: str, key: str) -> bool:
+    marker = os.path.join(shared, "once-" + hashlib.sha1(key.encode()).hexdigest()[:16])
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _log_fired(shared: str, name: str, detail: str) -> None:
+    line = f"{name} {os.getpid()} {detail}\n".encode()
+    fd = os.open(os.path.join(shared, FIRED_LOG), os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)  # the action may be SIGKILL
+    finally:
+        os.close(fd)
+
+
+def fired(shared: str) -> list[tuple[str, int, str]]:
+    """What fired so far in the processes sharing ``shared``: (name, pid, detail), in order."""
+    try:
+        with open(os.path.join(shared, FIRED_LOG)) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        name, pid, detail = [*line.split(" ", 2), ""][:3]
+        out.append((name, int(pid), detail))
+    return out

@@ -69,3 +69,27 @@ def test_stop_action_pauses_until_continued():
         assert proc.returncode == 0 and out == "after\n"
     finally:
         proc.kill()
+
+
+def test_once_across_processes_and_the_fired_log(tmp_path, monkeypatch):
+    from logstore.failpoints import DIR_VAR, fired
+
+    monkeypatch.setenv(DIR_VAR, str(tmp_path))
+    monkeypatch.setenv(ENV_VAR, "p#x=raise@once")
+    code = "from logstore.failpoints import failpoint; failpoint('p', 'ax'); failpoint('p', 'bx'); print('ok')"
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 1 and "FailpointError: failpoint p fired at ax" in first.stderr
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and second.stdout == "ok\n", "@once fired only in the first process"
+    assert [(name, detail) for name, _pid, detail in fired(str(tmp_path))] == [("p", "ax")]
+    failpoint("p", "y")  # no match: nothing fires, nothing is logged
+    assert len(fired(str(tmp_path))) == 1
+
+
+def test_once_needs_the_shared_directory(monkeypatch):
+    from logstore.failpoints import DIR_VAR
+
+    monkeypatch.delenv(DIR_VAR, raising=False)
+    monkeypatch.setenv(ENV_VAR, "p=raise@once")
+    with pytest.raises(ValueError, match="FILESINK_FAILPOINT_DIR"):
+        failpoint("p")
