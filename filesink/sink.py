@@ -261,6 +261,7 @@ class ExactlyOnceParquetSink:
         return dict(results)
 
     def _roll(self, *, force: bool) -> None:
+        failpoint("filesink.plan.before")
         files, idle = plan(
             self._store,
             self.rollover,
@@ -271,11 +272,14 @@ class ExactlyOnceParquetSink:
         )
         written: dict[str, list[WrittenObject]] = {}
         if files:
+            failpoint("filesink.precommit.before")
             self._state.precommit(files, self._term)
             failpoint("filesink.precommit.after")
             written = self._write(files)
             failpoint("filesink.write.after")
         sizes = {name: sum(o.size for o in objects) for name, objects in written.items()}
+        if files:
+            failpoint("filesink.commit.before")
         self._state.commit(files, sizes, idle, self._term)
         if files:
             failpoint("filesink.commit.after")

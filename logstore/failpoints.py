@@ -6,7 +6,9 @@ environment variable ``FILESINK_FAILPOINTS``, a comma-separated list of ``name=a
 - ``raise``: raise :class:`FailpointError`;
 - ``kill``: SIGKILL the current process (nothing after that point runs, not even ``finally`` blocks);
 - ``hang``: sleep until the process is killed;
-- ``stop``: SIGSTOP the current process; it carries on from there when sent SIGCONT (a paused "zombie").
+- ``stop``: SIGSTOP the current process; it carries on from there when sent SIGCONT (a paused "zombie"). It
+  first leaves its process group, so that it outlives a parent that dies (as a writer on another machine
+  would): a Spark worker in local mode is otherwise terminated with its daemon.
 
 ``name=action@N`` fires only on the N-th time (1-based) the failpoint is reached in this process.
 ``name#text=action`` fires only where the place's detail (for example the file being written) contains
@@ -20,6 +22,7 @@ there, and ``name=action@once`` fires only the first time the failpoint is reach
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -85,6 +88,8 @@ def failpoint(name: str, detail: str = "") -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "stop":
+        with contextlib.suppress(OSError):  # already a group leader
+            os.setpgid(0, 0)
         os.kill(os.getpid(), signal.SIGSTOP)
         return
     while True:  # hang
