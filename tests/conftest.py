@@ -92,3 +92,32 @@ def spark():
     session = local_spark("filesink-tests")
     yield session
     session.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Failpoint coverage: every process of the session logs the failpoints that fire (FILESINK_FAILPOINT_DIR);
+# test_failpoint_coverage.py runs last and checks that each failpoint in the source fired somewhere.
+# ---------------------------------------------------------------------------------------------------------
+
+COVERAGE_TEST = "test_failpoint_coverage.py"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def failpoint_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    import os
+
+    from logstore.failpoints import DIR_VAR
+
+    shared = tmp_path_factory.mktemp("failpoints")
+    before = os.environ.get(DIR_VAR)
+    os.environ[DIR_VAR] = str(shared)
+    yield
+    if before is None:
+        os.environ.pop(DIR_VAR, None)
+    else:
+        os.environ[DIR_VAR] = before
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    last = [i for i in items if i.path.name == COVERAGE_TEST]
+    items[:] = [i for i in items if i.path.name != COVERAGE_TEST] + last

@@ -1,0 +1,21 @@
+"""Every failpoint in the source is exercised by the suite: it fired in some process of this test session
+(conftest.py moves this test to the end of the session)."""
+
+from __future__ import annotations
+
+import pytest
+from test_failpoint_matrix import REGISTERED, SINGLE
+
+from logstore.failpoints import FIRED_LOG, fired
+
+MATRIX_TEST = "test_failpoint_matrix.py::test_fail_at_a_failpoint_then_restart_and_finish"
+
+
+def test_every_registered_failpoint_fired_in_this_session(request, tmp_path_factory):
+    matrix = [i for i in request.session.items if i.nodeid.split("[")[0].endswith(MATRIX_TEST)]
+    if len(matrix) < len(SINGLE):
+        pytest.skip("only meaningful in a run of the whole suite (the failpoint matrix was not all collected)")
+    base = tmp_path_factory.getbasetemp()
+    seen = {name for log in base.rglob(FIRED_LOG) for name, _pid, _detail in fired(str(log.parent))}
+    missing = [name for name in REGISTERED if name not in seen]
+    assert missing == [], f"failpoints no test made fire: {missing}"
