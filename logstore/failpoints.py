@@ -7,8 +7,8 @@ environment variable ``FILESINK_FAILPOINTS``, a comma-separated list of ``name=a
 - ``kill``: SIGKILL the current process (nothing after that point runs, not even ``finally`` blocks);
 - ``hang``: sleep until the process is killed;
 - ``stop``: SIGSTOP the current process; it carries on from there when sent SIGCONT (a paused "zombie"). It
-  first leaves its process group, so that it outlives a parent that dies (as a writer on another machine
-  would): a Spark worker in local mode is otherwise terminated with its daemon.
+  first moves to a session of its own, so that it outlives a parent that dies (as a writer on another
+  machine would): a Spark worker in local mode is otherwise terminated with its daemon.
 
 ``name=action@N`` fires only on the N-th time (1-based) the failpoint is reached in this process.
 ``name#text=action`` fires only where the place's detail (for example the file being written) contains
@@ -88,8 +88,10 @@ def failpoint(name: str, detail: str = "") -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "stop":
+        # A session of its own: the kernel sends SIGHUP and SIGCONT to a stopped process group that its
+        # parent's exit orphans; a group in its own session is orphaned from the start and left alone.
         with contextlib.suppress(OSError):  # already a group leader
-            os.setpgid(0, 0)
+            os.setsid()
         os.kill(os.getpid(), signal.SIGSTOP)
         return
     while True:  # hang

@@ -21,6 +21,8 @@ class Report:
     unexpected: int = 0
     stray_objects: list[str] = field(default_factory=list)
     """Objects under the output that are not whole Parquet files named like the sink's files."""
+    figures: dict[str, object] = field(default_factory=dict)
+    """What the campaign did (kills, faults by kind, ...), for the summary line."""
 
     @property
     def anomalies(self) -> int:
