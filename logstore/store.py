@@ -109,6 +109,16 @@ class VnodeBacklog:
     """Unix time at which ``first_epoch`` was sealed."""
 
 
+class DamagedSegment(NamedTuple):
+    """A held segment file that is missing or does not match its seal record."""
+
+    name: str
+    epoch: int
+    vnodes: list[int]
+    """The vnodes whose data the segment holds: their data of this epoch cannot be read."""
+    error: SegmentError
+
+
 @dataclass
 class GarbageReport:
     """What :meth:`LogStore.collect_garbage` removed."""
@@ -383,25 +393,42 @@ class LogStore:
 
         return describe
 
-    def verify(self) -> list[SegmentError]:
-        """Read every held segment file whole and check it against its seal record; return the problems."""
-        problems: list[SegmentError] = []
-        for segment_id, name, epoch, size in self.db.execute(
-            "SELECT segment_id, name, epoch, size FROM log_segments ORDER BY epoch, name"
-        ).fetchall():
+    def damaged(self, progress: Callable[[int, int], None] | None = None) -> list[DamagedSegment]:
+        """Read every held segment file whole and check it against its seal record; return the damaged ones.
+
+        ``progress(done, total)`` is called after each segment.
+        """
+        found: list[DamagedSegment] = []
+        rows = self.db.execute("SELECT segment_id, name, epoch, size FROM log_segments ORDER BY epoch, name").fetchall()
+        for i, (segment_id, name, epoch, size) in enumerate(rows, 1):
             where = self._describe_segment(segment_id, name, epoch)
+            problem: SegmentError | None = None
             try:
                 data = self.storage.read_all(name)
             except FileNotFoundError:
-                problems.append(SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing"))
-                continue
-            try:
-                if len(data) != size:
-                    raise SegmentCorruptError(f"{where()}: {len(data)} bytes, sealed with {size}")
-                segment.parse_file(data, where=where())
-            except SegmentCorruptError as e:
-                problems.append(e)
-        return problems
+                problem = SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing")
+            else:
+                try:
+                    if len(data) != size:
+                        raise SegmentCorruptError(f"{where()}: {len(data)} bytes, sealed with {size}")
+                    segment.parse_file(data, where=where())
+                except SegmentCorruptError as e:
+                    problem = e
+            if problem is not None:
+                vnodes = [
+                    r[0]
+                    for r in self.db.execute(
+                        "SELECT vnode FROM log_segment_vnodes WHERE segment_id = ? ORDER BY vnode", (segment_id,)
+                    )
+                ]
+                found.append(DamagedSegment(name, epoch, vnodes, problem))
+            if progress is not None:
+                progress(i, len(rows))
+        return found
+
+    def verify(self) -> list[SegmentError]:
+        """Read every held segment file whole and check it against its seal record; return the problems."""
+        return [d.error for d in self.damaged()]
 
     # -- truncate and garbage collection -------------------------------------------------------------
 

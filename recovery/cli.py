@@ -104,7 +104,12 @@ def _table(headers: Sequence[str], rows: list[Sequence[Any]]) -> str:
 # -- commands ------------------------------------------------------------------------------------------
 
 
-def status(sink: OpenSink, parallelism: int | None) -> dict[str, Any]:
+def _verify_progress(done: int, total: int) -> None:
+    if done == total or done % 100 == 0:
+        print(f"verified {done}/{total} log segments", file=sys.stderr, flush=True)
+
+
+def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: bool = False) -> dict[str, Any]:
     store = sink.store
     points = store.truncate_points()
     backlog = store.backlog()
@@ -126,6 +131,12 @@ def status(sink: OpenSink, parallelism: int | None) -> dict[str, Any]:
         },
         "pending_files": [_file_json(f) for f in sink.state.pending()],
     }
+    if verify:
+        damaged = store.damaged(progress=None if quiet else _verify_progress)
+        result["damaged_segments"] = [
+            {"segment": d.name, "epoch": d.epoch, "vnodes": d.vnodes, "problem": str(d.error)} for d in damaged
+        ]
+        result["damaged_vnodes"] = sorted({v for d in damaged for v in d.vnodes})
     if parallelism is not None:
         by_vnode = {b.vnode: b for b in backlog}
         result["writers"] = [
@@ -193,6 +204,23 @@ def _print_status(s: dict[str, Any]) -> None:
                 ],
             )
         )
+    if "damaged_segments" in s:
+        damaged = s["damaged_segments"]
+        if damaged:
+            vnodes = _ranges(s["damaged_vnodes"])
+            print(f"\nDAMAGED log segments: {len(damaged)}; vnodes whose data cannot be read: {vnodes}")
+            print(
+                _table(
+                    ["segment", "epoch", "vnodes", "problem"],
+                    [(d["segment"], d["epoch"], _ranges(d["vnodes"]), d["problem"]) for d in damaged],
+                )
+            )
+            print(
+                "These vnodes' data of those epochs is lost from the log store: restore the segment files from a "
+                "backup, or re-run the input of those epochs into a new sink."
+            )
+        else:
+            print("\nlog segments: all verified")
     files = s["pending_files"]
     print(f"\npending files: {len(files)}")
     if files:
@@ -250,7 +278,7 @@ def run_recover(args: argparse.Namespace) -> int:
     sink = open_sink(state_dir, _storage_options(args))
     try:
         if args.command == "status":
-            result = status(sink, args.parallelism)
+            result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json)
             print(json.dumps(result, indent=2)) if args.json else _print_status(result)
             return EXIT_OK
         partitioned = bool(sink.config["partition_by"])
@@ -308,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
                 type=int,
                 metavar="N",
                 help="also show the vnode range each of N writers would own, and what it holds",
+            )
+            step.add_argument(
+                "--no-verify",
+                action="store_true",
+                help="skip reading every held log segment to check it (faster on a large backlog)",
             )
     demo = commands.add_parser(
         "demo",

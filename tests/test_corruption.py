@@ -77,3 +77,36 @@ def test_healthy_store_verifies_clean(sealed):
     store, _ = sealed
     assert store.verify() == []
     assert len(_read_all(store)) == 110
+
+
+def test_recover_status_reports_the_damaged_vnodes(tmp_path, capsys):
+    import json
+
+    from filesink import ExactlyOnceParquetSink, Rollover
+    from recovery.cli import main
+
+    sink = ExactlyOnceParquetSink(
+        str(tmp_path / "out"), tmp_path / "state", vnodes=4, rollover=Rollover(max_epochs=100, max_age_seconds=None)
+    )
+    store = sink._store
+    victim = store.append(0, make_rows(range(100), [1 + i % 2 for i in range(100)]), writer_id="v")
+    healthy = store.append(0, make_rows(range(100, 110), [0] * 10), writer_id="h")
+    store.seal(0, [victim, healthy])
+    sink.close()
+    clean = ["recover", "status", "--state-dir", str(tmp_path / "state"), "--json"]
+    assert main(clean) == 0
+    assert json.loads(capsys.readouterr().out)["damaged_vnodes"] == []
+
+    block = victim.runs[0].blocks[0]
+    _rewrite(store, victim.name, _flip(block.offset + block.length // 2))
+    assert main(clean) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["damaged_vnodes"] == [1, 2]
+    [damaged] = status["damaged_segments"]
+    assert damaged["segment"] == victim.name and damaged["epoch"] == 0 and "vnodes 1, 2" in damaged["problem"]
+
+    assert main(clean[:-1]) == 0
+    out, err = capsys.readouterr()
+    assert "DAMAGED log segments: 1; vnodes whose data cannot be read: 1-2" in out and "verified 2/2" in err
+    assert main([*clean, "--no-verify"]) == 0
+    assert "damaged_vnodes" not in json.loads(capsys.readouterr().out)
