@@ -10,11 +10,13 @@ query = df.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt).sta
 from .errors import (
     CheckpointMismatchError,
     CommitConflictError,
+    FencedError,
     FileSinkError,
     FileWriteError,
     SchemaMismatchError,
     SinkLockedError,
     SinkOptionError,
+    StateDatabaseError,
 )
 from .rollover import Rollover
 from .sink import ExactlyOnceParquetSink
@@ -23,10 +25,12 @@ __all__ = [
     "CheckpointMismatchError",
     "CommitConflictError",
     "ExactlyOnceParquetSink",
+    "FencedError",
     "FileSinkError",
     "FileWriteError",
     "Rollover",
     "SchemaMismatchError",
     "SinkLockedError",
     "SinkOptionError",
+    "StateDatabaseError",
 ]

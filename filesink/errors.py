@@ -31,5 +31,9 @@ class FileWriteError(FileSinkError):
     """A Parquet file could not be written or made visible."""
 
 
+class StateDatabaseError(FileSinkError):
+    """The sink's state database could not be read or written (disk full, I/O error, ...)."""
+
+
 class FencedError(FileSinkError):
     """A writer of an older writer term tried to publish a file or change state after the sink restarted."""

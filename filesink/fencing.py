@@ -84,7 +84,11 @@ class Fence:
 
     def record(self, record: ObjectRecord) -> None:
         """Write ``record`` durably to the log store (one atomic write)."""
-        self.log.open().write(record.relpath, [record.to_json()])
+        storage = self.log.open()
+        try:
+            storage.write(record.relpath, [record.to_json()])
+        except OSError as e:
+            raise OSError(e.errno, f"{storage.display(record.relpath)}: {e.strerror or e}") from e
 
     def forget(self, record: ObjectRecord) -> None:
         """Delete ``record`` (a fenced writer cleaning up after itself)."""

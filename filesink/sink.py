@@ -16,9 +16,11 @@ a file that is visible is committed, one that is not is dropped and its data wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,11 +29,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from logstore import VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
+from logstore import STATE_DB_NAME, VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
 
-from .errors import CheckpointMismatchError, SchemaMismatchError, SinkOptionError
+from .errors import CheckpointMismatchError, SchemaMismatchError, SinkOptionError, StateDatabaseError
 from .fencing import PREFIX, record_path, term_dir
 from .lock import StateLock
 from .planner import plan
@@ -120,7 +122,8 @@ class ExactlyOnceParquetSink:
             self._spark: Any = None
             self._epochs_since_sweep = 0
             self._term = 0
-            self._recover()
+            with self._state_errors("start-up recovery"):
+                self._recover()
         except BaseException:
             self._state_lock.release()
             raise
@@ -133,7 +136,7 @@ class ExactlyOnceParquetSink:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Process one micro-batch: ``query = df.writeStream.foreachBatch(sink).start()``."""
-        with self._lock:
+        with self._lock, self._state_errors(f"batch {batch_id}"):
             self._check_usable()
             self._spark = df.sparkSession
             if self.parallelism is None:
@@ -156,7 +159,7 @@ class ExactlyOnceParquetSink:
 
     def flush(self) -> None:
         """Write everything the log store holds now (for example after an available-now run)."""
-        with self._lock:
+        with self._lock, self._state_errors("flush"):
             self._check_usable()
             self._roll(force=True)
 
@@ -186,6 +189,16 @@ class ExactlyOnceParquetSink:
         raise TypeError("ExactlyOnceParquetSink lives on the driver; pass it to foreachBatch, not to tasks")
 
     # -- steps -----------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _state_errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise StateDatabaseError(
+                f"{what}: the state database {self.state_dir / STATE_DB_NAME} failed: {e}. Its transaction was rolled "
+                "back, so nothing is lost: fix the cause (free space, check the disk) and restart the query."
+            ) from e
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import segment
-from .errors import InvalidSegmentInputError
+from .errors import InvalidSegmentInputError, LogStoreError, LogWriteError
 from .failpoints import failpoint
 from .storage import LogLocation
 
@@ -187,6 +187,17 @@ def append_segment(
     else:
         parts = _sorted_groups(data, order, runs, encoder, target.max_block_bytes)
     failpoint("logstore.append.before_write")
-    target.location.open().write(name, parts)  # sorts and encodes the rows as it writes them
+    storage = target.location.open()
+    try:
+        storage.write(name, parts)  # sorts and encodes the rows as it writes them
+    except LogStoreError:
+        raise
+    except OSError as e:
+        raise LogWriteError(
+            e.errno,
+            f"{where}: cannot write {storage.display(name)}: {e.strerror or e}. Nothing of this epoch is sealed, so "
+            "nothing is lost: fix the cause (free space, check the disk) and restart the query; the epoch is "
+            "appended again.",
+        ) from e
     failpoint("logstore.append.after_write")
     return encoder.descriptor

@@ -10,6 +10,10 @@ class LogStoreError(Exception):
     """Base class of every log store error."""
 
 
+class LogWriteError(LogStoreError, OSError):
+    """A segment file could not be written (disk full, I/O error, ...); its epoch is not sealed."""
+
+
 class SegmentError(LogStoreError):
     """A sealed segment file cannot be read back as it was written."""
 

@@ -6,6 +6,7 @@ environment variable ``FILESINK_FAILPOINTS``, a comma-separated list of ``name=a
 - ``raise``: raise :class:`FailpointError`;
 - ``kill``: SIGKILL the current process (nothing after that point runs, not even ``finally`` blocks);
 - ``hang``: sleep until the process is killed;
+- ``enospc``, ``eio``: raise ``OSError`` with that errno (a full disk, an I/O error);
 - ``stop``: SIGSTOP the current process; it carries on from there when sent SIGCONT (a paused "zombie"). It
   first moves to a session of its own, so that it outlives a parent that dies (as a writer on another
   machine would): a Spark worker in local mode is otherwise terminated with its daemon.
@@ -23,6 +24,7 @@ there, and ``name=action@once`` fires only the first time the failpoint is reach
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import signal
@@ -31,7 +33,7 @@ import time
 ENV_VAR = "FILESINK_FAILPOINTS"
 DIR_VAR = "FILESINK_FAILPOINT_DIR"
 FIRED_LOG = "fired.log"
-ACTIONS = ("raise", "kill", "hang", "stop")
+ACTIONS = ("raise", "kill", "hang", "stop", "enospc", "eio")
 
 _hits: dict[str, int] = {}
 
@@ -87,6 +89,9 @@ def failpoint(name: str, detail: str = "") -> None:
         raise FailpointError(f"failpoint {name} fired" + (f" at {detail}" if detail else ""))
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action in ("enospc", "eio"):
+        code = errno.ENOSPC if action == "enospc" else errno.EIO
+        raise OSError(code, os.strerror(code))
     if action == "stop":
         # A session of its own: the kernel sends SIGHUP and SIGCONT to a stopped process group that its
         # parent's exit orphans; a group in its own session is orphaned from the start and left alone.

@@ -144,6 +144,7 @@ class _Writer:
             if self.error is not None or self._aborted:
                 continue
             try:
+                failpoint("logstore.storage.write", getattr(self.f, "name", ""))
                 for part in cast(list[Bytes], chunk):
                     self.size += self.f.write(part)
                 if self.size - synced >= SYNC_EVERY_BYTES:
@@ -215,6 +216,7 @@ def write_durable(path: Path, parts: Iterable[Bytes]) -> int:
         with open(tmp, "xb") as f:
             size = _write_parts(f, parts)
             f.flush()
+            failpoint("logstore.storage.fsync", str(path))
             os.fsync(f.fileno())
         failpoint("logstore.storage.before_rename")
         os.replace(tmp, path)

@@ -4,8 +4,9 @@ writing and start-up recovery included.
 
 Usage: python matrix_job.py STATE OUTPUT EPOCHS PARALLELISM
 
-The rows of epoch ``e`` are ``epoch_rows(e)``. With ``MATRIX_JOB_S3`` set (JSON storage options), OUTPUT is an
-``s3://`` URL and the log store is ``OUTPUT + "-log"``. Prints ``started`` once the sink is open (recovery
+The rows of epoch ``e`` are ``epoch_rows(e)`` (``MATRIX_JOB_ROWS`` of them, default 60). With ``MATRIX_JOB_S3``
+set (JSON storage options), OUTPUT is an ``s3://`` URL and the log store is ``OUTPUT + "-log"``; with
+``MATRIX_JOB_LOG`` set, the log store is that local directory. Prints ``started`` once the sink is open (recovery
 done), ``epoch N`` after each epoch, ``done`` at the end. Started again, it goes on from the last sealed
 epoch, as a Spark query does from its checkpoint.
 """
@@ -27,7 +28,7 @@ PARTITION_BY = ("event_date",)
 
 
 def epoch_rows(epoch: int) -> list[tuple]:
-    return batch_rows(epoch, 60, seed=5)
+    return batch_rows(epoch, int(os.environ.get("MATRIX_JOB_ROWS") or 60), seed=5)
 
 
 def expected_rows(epochs: int) -> Counter:
@@ -41,7 +42,7 @@ def open_sink(state: str | Path, output: str, parallelism: int, options: dict | 
     return ExactlyOnceParquetSink(
         output,
         state,
-        log_store=output + "-log" if options else None,
+        log_store=output + "-log" if options else os.environ.get("MATRIX_JOB_LOG") or None,
         vnodes=8,
         parallelism=parallelism,
         partition_by=list(PARTITION_BY),
@@ -54,8 +55,9 @@ def run(state: str | Path, output: str, epochs: int, parallelism: int, options: 
     sink = open_sink(state, output, parallelism, options)
     print("started", flush=True)
     for epoch in range(sink._store.last_sealed_epoch + 1, epochs):
-        append_epoch(sink, epoch, epoch_rows(epoch))
-        sink._roll(force=False)
+        with sink._state_errors(f"batch {epoch}"):  # what the sink's __call__ does with a Spark batch
+            append_epoch(sink, epoch, epoch_rows(epoch))
+            sink._roll(force=False)
         print(f"epoch {epoch}", flush=True)
     sink.flush()
     sink.close()

@@ -62,6 +62,7 @@ class Job:
             self.output = request.getfixturevalue("s3_prefix") + "/table"
             self.options = request.getfixturevalue("s3_options")
         self.runs = 0
+        self.epochs = EPOCHS
 
     def run(self, failpoints: str = "", action: str | None = None, parallelism: int = 2) -> subprocess.CompletedProcess:
         """Run once; with ``action``, expect it to fail at the failpoint (a hang is killed once it fired)."""
@@ -69,7 +70,7 @@ class Job:
         env = dict(os.environ, **{ENV_VAR: failpoints, DIR_VAR: str(self.shared)})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB.parent), env.get("PYTHONPATH")]))
         env["MATRIX_JOB_S3"] = json.dumps(self.options)
-        args = [sys.executable, str(JOB), str(self.state), self.output, str(EPOCHS), str(parallelism)]
+        args = [sys.executable, str(JOB), str(self.state), self.output, str(self.epochs), str(parallelism)]
         before = len(fired(str(self.shared)))
         proc = subprocess.Popen(
             args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -99,8 +100,8 @@ class Job:
         """The last restart runs to the end (in this process: no failpoint is configured here)."""
         assert not os.environ.get(ENV_VAR)
         self.runs += 1
-        matrix_job.run(self.state, self.output, EPOCHS, parallelism, self.options)
-        report = check(self.output, self.options, expected_rows(EPOCHS), PARTITION_BY)
+        matrix_job.run(self.state, self.output, self.epochs, parallelism, self.options)
+        report = check(self.output, self.options, expected_rows(self.epochs), PARTITION_BY)
         assert report.anomalies == 0, report.line(runs=self.runs)
 
     def pending(self) -> int:
