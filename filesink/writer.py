@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
 from logstore.failpoints import failpoint
-from logstore.storage import ensure_dir, fsync_dir, is_local
+from logstore.storage import ensure_dir, fsync_dir, is_local, s3_client_options
 
 from .errors import FencedError, FileWriteError
 from .fencing import Fence, ObjectRecord, term_dir
@@ -137,6 +137,7 @@ def output_filesystem(output: OutputLocation) -> tuple[Any, str]:
     """The fsspec filesystem and root path (no protocol, no trailing ``/``) of a non-local output.
 
     Cached per process and per (URL, storage options); the options are only used as a cache key in memory.
+    S3 clients get botocore's retry configuration and timeouts by default (:func:`logstore.storage.s3_client_options`).
     """
     options = dict(output.storage_options)
     cache_key = (os.getpid(), output.url, json.dumps(options, sort_keys=True, default=repr))
@@ -145,7 +146,7 @@ def output_filesystem(output: OutputLocation) -> tuple[Any, str]:
         if found is None:
             import fsspec
 
-            fs, root = fsspec.core.url_to_fs(output.url, **options)
+            fs, root = fsspec.core.url_to_fs(output.url, **s3_client_options(output.url, options))
             found = _fs_cache[cache_key] = (fs, root.rstrip("/"))
         return found
 
