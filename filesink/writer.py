@@ -286,7 +286,10 @@ class _UploadObject:
         )
 
     def publish(self) -> None:
-        self.upload.complete()
+        if not self.upload.complete() and self.fence is not None:
+            # Found completed already (an answer lost on the way, or an identical writer): a writer fenced
+            # meanwhile must still stop, as the restarted sink owns the file.
+            self.fence.check(f"file {self.name}, object {self.key}")
         self._published = True
 
     def abort(self) -> None:
