@@ -1,9 +1,10 @@
 """A fault-injecting HTTP reverse proxy for S3 on 127.0.0.1, between the code under test and the S3 server.
 
 Requests are read whole and forwarded byte for byte (request line, headers with the client's ``Host``, so
-SigV4 signatures still verify, and the body as sent: ``Content-Length`` or chunked, ``aws-chunked`` payloads
-included); responses are read whole and relayed byte for byte. Client connections are kept alive; each
-forwarded request uses a fresh connection to the server, so a request is never sent twice by the proxy.
+SigV4 signatures still verify, and the body as sent, framed by ``Content-Length`` or chunked); answers are
+read whole and relayed byte for byte. ``Expect: 100-continue`` is answered by the proxy. Client connections
+are kept alive; each forwarded request uses a fresh connection to the server, so the proxy never sends a
+request twice.
 
 Before forwarding, the proxy may inject one fault into a request (``FAULT_KINDS``):
 
@@ -17,7 +18,7 @@ Faults come from :class:`FaultRule` (kind, probability, optional set of S3 opera
 :func:`classify`) drawn with a seeded RNG, or are queued with :meth:`FaultProxy.inject` for the next
 matching requests. Counters per kind and per operation are kept.
 
-``forget_completed``: SeaweedFS (like AWS) answers a repeated ``CompleteMultipartUpload`` of a completed
+``forget_completed``: SeaweedFS answers a repeated ``CompleteMultipartUpload`` of a completed
 upload with 200; other servers answer ``404 NoSuchUpload``. With this option the proxy answers such a
 repeat with ``NoSuchUpload`` itself, so clients meet the stricter behaviour. Path-style addressing only.
 """
