@@ -222,7 +222,6 @@ class FaultProxy:
         self._threads: list[threading.Thread] = []
         self._clients: set[socket.socket] = set()
         self._stopping = threading.Event()
-        self._ids = 0
 
     # -- control -----------------------------------------------------------------------------------------
 
@@ -264,7 +263,6 @@ class FaultProxy:
     def _choose(self, operation: str) -> str | None:
         with self._lock:
             self.requests[operation] += 1
-            self._ids += 1
             kind = None
             for i, (queued, op) in enumerate(self._queued):
                 if op is None or op == operation:
