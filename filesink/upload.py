@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from logstore.failpoints import failpoint
+from logstore.storage import storage_error
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,8 @@ def abort_upload(fs: Any, bucket: str, key: str, upload_id: str) -> bool:
         fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
     except FileNotFoundError:
         return False
+    except OSError as e:
+        raise storage_error(f"cannot abort the multipart upload {upload_id} of s3://{bucket}/{key}", e) from e
     return True
 
 
@@ -186,7 +189,10 @@ def list_uploads(fs: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
     while True:
-        page = fs.call_s3("list_multipart_uploads", **kwargs)
+        try:
+            page = fs.call_s3("list_multipart_uploads", **kwargs)
+        except OSError as e:
+            raise storage_error(f"cannot list the multipart uploads under s3://{bucket}/{prefix}", e) from e
         found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads") or []]
         if not page.get("IsTruncated"):
             return found

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
 from logstore.failpoints import failpoint
-from logstore.storage import ensure_dir, fsync_dir, is_local, s3_client_options
+from logstore.storage import ensure_dir, fsync_dir, is_local, s3_client_options, storage_error
 
 from .errors import FencedError, FileWriteError
 from .fencing import Fence, ObjectRecord, term_dir
@@ -619,6 +619,8 @@ def object_keys(output: OutputLocation, name: str) -> list[tuple[str, int]]:
         listing = fs.find(prefix, detail=True)  # s3fs: an undelimited listing of the prefix
     except FileNotFoundError:
         return []
+    except OSError as e:
+        raise storage_error(f"file {name}: cannot list {output.url} for its objects", e) from e
     for path, info in listing.items():
         if info.get("type") == "directory" or not path.startswith(prefix + "/"):
             continue

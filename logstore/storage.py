@@ -40,6 +40,13 @@ S3_READ_TIMEOUT = 60.0
 """Seconds to wait for a connection, and for the server's answer (per socket read)."""
 
 
+def storage_error(what: str, e: OSError) -> OSError:
+    """``e`` (what a storage client raised, after its retries) as an ``OSError`` saying ``what`` failed; the
+    built-in subclass of its errno (``OSError(errno, ...)`` gives ``PermissionError``, ``TimeoutError``, ...)."""
+    message = f"{what}: {e.strerror or e}"
+    return OSError(e.errno, message) if e.errno is not None else OSError(message)
+
+
 def s3_client_options(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
     """The fsspec options of ``url``; for ``s3://`` and ``s3a://`` with botocore's ``retries``,
     ``connect_timeout`` and ``read_timeout`` added to ``config_kwargs`` where the options leave them unset.
@@ -330,9 +337,7 @@ class FsspecStorage:
         except FileNotFoundError:
             raise
         except OSError as e:
-            message = f"cannot {action} {self.display(relpath)}: {e.strerror or e}"
-            # OSError(errno, ...) is the built-in subclass of that errno (PermissionError, TimeoutError, ...).
-            raise (OSError(e.errno, message) if e.errno is not None else OSError(message)) from e
+            raise storage_error(f"cannot {action} {self.display(relpath)}", e) from e
 
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
         data = b"".join(parts)
