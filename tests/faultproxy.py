@@ -241,6 +241,11 @@ class FaultProxy:
         with self._lock:
             self._queued += [(kind, operation)] * count
 
+    def clear_injected(self) -> None:
+        """Forget the faults :meth:`inject` queued that no request has met yet."""
+        with self._lock:
+            self._queued.clear()
+
     def faults_by_kind(self) -> Counter[str]:
         with self._lock:
             out: Counter[str] = Counter()

@@ -22,7 +22,7 @@ from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, r
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.errors import FencedError
 from filesink.planner import is_file_name
-from filesink.upload import MIN_PART_SIZE, MultipartObject
+from filesink.upload import MIN_PART_SIZE, MultipartObject, abort_upload
 from filesink.writer import OutputLocation, output_filesystem
 from logstore.storage import S3_RETRIES, FsspecStorage, s3_client_options
 
@@ -84,6 +84,32 @@ def test_s3_clients_get_botocore_retries_unless_set(s3_prefix, s3_options):
         config = fs.s3.meta.config
         assert config.retries == {"mode": "standard", "total_max_attempts": 6}  # botocore's own spelling
         assert (config.connect_timeout, config.read_timeout) == (10.0, 60.0)
+
+
+def test_errors_after_retries_name_what_failed(s3_prefix, fault_proxy, proxy_options):
+    options = with_retries(proxy_options, 0)
+    storage = FsspecStorage(s3_prefix + "/log", options)
+    fs, root = output_filesystem(OutputLocation(s3_prefix + "/table", options))
+    upload = MultipartObject(fs, f"{root}/a.parquet")
+    upload.write(b"x")
+    upload.close()
+    storage.write("seg", [b"x"])
+    calls = [
+        ("PutObject", lambda: storage.write("seg", [b"x"]), f"cannot write {s3_prefix}/log/seg: "),
+        ("GetObject", lambda: storage.read_all("seg"), f"cannot read {s3_prefix}/log/seg: "),
+        ("DeleteObject", lambda: storage.delete("seg"), f"cannot delete {s3_prefix}/log/seg: "),
+        (
+            "AbortMultipartUpload",
+            lambda: abort_upload(fs, upload.bucket, upload.key, upload.upload_id),
+            f"cannot abort the multipart upload {upload.upload_id} of {s3_prefix}/table/a.parquet: ",
+        ),
+    ]
+    for operation, call, message in calls:
+        fault_proxy.inject("5xx", operation, count=10)  # more than botocore's and s3fs's attempts together
+        with pytest.raises(OSError) as caught:
+            call()
+        assert message in str(caught.value)
+        fault_proxy.clear_injected()
 
 
 # -- one case at a time --------------------------------------------------------------------------------------
