@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from logstore.failpoints import failpoint
+from logstore.storage import storage_error
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +120,41 @@ class MultipartObject:
         response = self._call("upload_part", UploadId=upload_id, PartNumber=number, Body=body)
         self.parts.append({"PartNumber": number, "ETag": response["ETag"]})
 
-    def complete(self) -> None:
-        """Make the object visible. If the upload was aborted: ``on_gone()``, or ``FileNotFoundError``."""
+    def complete(self) -> bool:
+        """Make the object visible. True if this call completed the upload; False if the upload was gone but
+        the object is there at this upload's size: completed already, by an earlier attempt of this request
+        whose answer was lost (botocore retried it; some servers answer a repeated Complete ``NoSuchUpload``)
+        or by a writer of the same file, whose bytes are the same. Otherwise, if the upload is gone (aborted):
+        ``on_gone()``, or ``FileNotFoundError``."""
         assert self.closed and self.upload_id is not None, "complete() after close()"
         failpoint("filesink.upload.complete.before", self.key)
-        self._call("complete_multipart_upload", UploadId=self.upload_id, MultipartUpload={"Parts": self.parts})
+        try:
+            self.fs.call_s3(
+                "complete_multipart_upload",
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self.upload_id,
+                MultipartUpload={"Parts": self.parts},
+            )
+        except FileNotFoundError as e:
+            visible = self.visible_size()
+            if visible != self.size:
+                if self.on_gone is None:
+                    raise
+                raise self.on_gone() from e
+            log.info("%s: upload %s was completed already (size %d as uploaded)", self.path, self.upload_id, visible)
+            failpoint("filesink.upload.complete.after", self.key)
+            return False
         failpoint("filesink.upload.complete.after", self.key)
+        return True
+
+    def visible_size(self) -> int | None:
+        """The size of the object visible under the key (HEAD), or None if there is none."""
+        try:
+            head = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self.key)
+        except FileNotFoundError:
+            return None
+        return int(head["ContentLength"])
 
     def abort(self) -> None:
         """End the upload (never raises); a completed object stays."""
@@ -149,6 +179,8 @@ def abort_upload(fs: Any, bucket: str, key: str, upload_id: str) -> bool:
         fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
     except FileNotFoundError:
         return False
+    except OSError as e:
+        raise storage_error(f"cannot abort the multipart upload {upload_id} of s3://{bucket}/{key}", e) from e
     return True
 
 
@@ -157,7 +189,10 @@ def list_uploads(fs: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
     while True:
-        page = fs.call_s3("list_multipart_uploads", **kwargs)
+        try:
+            page = fs.call_s3("list_multipart_uploads", **kwargs)
+        except OSError as e:
+            raise storage_error(f"cannot list the multipart uploads under s3://{bucket}/{prefix}", e) from e
         found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads") or []]
         if not page.get("IsTruncated"):
             return found

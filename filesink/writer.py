@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
 from logstore.failpoints import failpoint
-from logstore.storage import ensure_dir, fsync_dir, is_local
+from logstore.storage import ensure_dir, fsync_dir, is_local, s3_client_options, storage_error
 
 from .errors import FencedError, FileWriteError
 from .fencing import Fence, ObjectRecord, term_dir
@@ -137,6 +137,7 @@ def output_filesystem(output: OutputLocation) -> tuple[Any, str]:
     """The fsspec filesystem and root path (no protocol, no trailing ``/``) of a non-local output.
 
     Cached per process and per (URL, storage options); the options are only used as a cache key in memory.
+    S3 clients get botocore's retry configuration and timeouts by default (:func:`logstore.storage.s3_client_options`).
     """
     options = dict(output.storage_options)
     cache_key = (os.getpid(), output.url, json.dumps(options, sort_keys=True, default=repr))
@@ -145,7 +146,7 @@ def output_filesystem(output: OutputLocation) -> tuple[Any, str]:
         if found is None:
             import fsspec
 
-            fs, root = fsspec.core.url_to_fs(output.url, **options)
+            fs, root = fsspec.core.url_to_fs(output.url, **s3_client_options(output.url, options))
             found = _fs_cache[cache_key] = (fs, root.rstrip("/"))
         return found
 
@@ -285,7 +286,10 @@ class _UploadObject:
         )
 
     def publish(self) -> None:
-        self.upload.complete()
+        if not self.upload.complete() and self.fence is not None:
+            # Found completed already (an answer lost on the way, or an identical writer): a writer fenced
+            # meanwhile must still stop, as the restarted sink owns the file.
+            self.fence.check(f"file {self.name}, object {self.key}")
         self._published = True
 
     def abort(self) -> None:
@@ -615,6 +619,8 @@ def object_keys(output: OutputLocation, name: str) -> list[tuple[str, int]]:
         listing = fs.find(prefix, detail=True)  # s3fs: an undelimited listing of the prefix
     except FileNotFoundError:
         return []
+    except OSError as e:
+        raise storage_error(f"file {name}: cannot list {output.url} for its objects", e) from e
     for path, info in listing.items():
         if info.get("type") == "directory" or not path.startswith(prefix + "/"):
             continue

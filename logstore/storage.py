@@ -2,7 +2,8 @@
 
 Local writes are durable when they return: temp file, fsync, rename, fsync of the directory (and of every
 directory created on the way). Object store writes are one PUT each, so an object is either whole or absent.
-Errors from the storage client surface as Python built-ins (``FileNotFoundError``, ``PermissionError``, ...).
+Errors from the storage client surface as Python built-ins: ``FileNotFoundError`` as raised, other
+``OSError`` as ``OSError`` naming the file (object store clients retry first, see :func:`s3_client_options`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,40 @@ Bytes = bytes | bytearray | memoryview | Any  # pyarrow Buffers support the buff
 def is_local(url: str) -> bool:
     """Whether ``url`` names a local path (a plain path or a ``file://`` URL) rather than an fsspec URL."""
     return "://" not in url or url.startswith("file://")
+
+
+S3_RETRIES: Mapping[str, Any] = {"mode": "standard", "max_attempts": 5}
+"""botocore's retry configuration for S3 clients: up to 5 retries (6 attempts) of a request; botocore's
+``max_attempts`` counts retries. Standard mode retries 5xx answers, throttling, timeouts and dropped
+connections, with exponential backoff and jitter."""
+S3_CONNECT_TIMEOUT = 10.0
+S3_READ_TIMEOUT = 60.0
+"""Seconds to wait for a connection, and for the server's answer (per socket read)."""
+
+
+def storage_error(what: str, e: OSError) -> OSError:
+    """``e`` (what a storage client raised, after its retries) as an ``OSError`` saying ``what`` failed; the
+    built-in subclass of its errno (``OSError(errno, ...)`` gives ``PermissionError``, ``TimeoutError``, ...)."""
+    message = f"{what}: {e.strerror or e}"
+    return OSError(e.errno, message) if e.errno is not None else OSError(message)
+
+
+def s3_client_options(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The fsspec options of ``url``; for ``s3://`` and ``s3a://`` with botocore's ``retries``,
+    ``connect_timeout`` and ``read_timeout`` added to ``config_kwargs`` where the options leave them unset.
+
+    Every S3 client of the sink is made from options that went through here; retries are botocore's
+    (see ``docs/filesink.md``), the sink's code has no retry loop of its own.
+    """
+    options = dict(storage_options)
+    if url.split("://", 1)[0] not in ("s3", "s3a"):
+        return options
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", dict(S3_RETRIES))
+    config.setdefault("connect_timeout", S3_CONNECT_TIMEOUT)
+    config.setdefault("read_timeout", S3_READ_TIMEOUT)
+    options["config_kwargs"] = config
+    return options
 
 
 @dataclass(frozen=True)
@@ -284,7 +319,7 @@ class FsspecStorage:
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         import fsspec
 
-        self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        self.fs, root = fsspec.core.url_to_fs(url, **s3_client_options(url, storage_options))
         self.root = root.rstrip("/")
         protocol = self.fs.protocol
         self._is_s3 = bool({"s3", "s3a"} & set(protocol if isinstance(protocol, tuple) else (protocol,)))
@@ -295,29 +330,44 @@ class FsspecStorage:
     def display(self, relpath: str) -> str:
         return str(self.fs.unstrip_protocol(self._full(relpath)))
 
+    @contextlib.contextmanager
+    def _naming(self, action: str, relpath: str) -> Iterator[None]:
+        """Storage errors name the file (what the client raises after its retries says only what failed);
+        ``FileNotFoundError`` passes unchanged, callers act on it."""
+        try:
+            yield
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise storage_error(f"cannot {action} {self.display(relpath)}", e) from e
+
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
         data = b"".join(parts)
         # One PUT: s3fs switches to a multipart upload above ``chunksize``; keep it out of reach (5 GiB is
         # the single-PUT limit of S3).
         kwargs = {"chunksize": 5 * 2**30} if self._is_s3 else {}
-        self.fs.pipe_file(self._full(relpath), data, **kwargs)
+        with self._naming("write", relpath):
+            self.fs.pipe_file(self._full(relpath), data, **kwargs)
         return len(data)
 
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         if length == 0:
             return b""
-        data: bytes = self.fs.cat_file(self._full(relpath), start=offset, end=offset + length)
+        with self._naming(f"read {length} bytes at {offset} of", relpath):
+            data: bytes = self.fs.cat_file(self._full(relpath), start=offset, end=offset + length)
         return data
 
     def read_all(self, relpath: str) -> bytes:
-        data: bytes = self.fs.cat_file(self._full(relpath))
+        with self._naming("read", relpath):
+            data: bytes = self.fs.cat_file(self._full(relpath))
         return data
 
     def list_files(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         base = self._full(prefix) if prefix else self.root
         self.fs.invalidate_cache(self.root)
         try:
-            found = self.fs.find(base, detail=True)
+            with self._naming("list", prefix):
+                found = self.fs.find(base, detail=True)
         except FileNotFoundError:
             return
         for path, info in found.items():
@@ -328,7 +378,8 @@ class FsspecStorage:
 
     def delete(self, relpath: str) -> bool:
         try:
-            self.fs.rm_file(self._full(relpath))
+            with self._naming("delete", relpath):
+                self.fs.rm_file(self._full(relpath))
         except FileNotFoundError:
             return False
         return True

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from faultproxy import FaultProxy
 from s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
 
 from logstore import LogStore
@@ -121,3 +123,26 @@ def failpoint_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     last = [i for i in items if i.path.name == COVERAGE_TEST]
     items[:] = [i for i in items if i.path.name != COVERAGE_TEST] + last
+
+
+# ---------------------------------------------------------------------------------------------------------
+# S3 through a fault-injecting proxy (tests/faultproxy.py)
+# ---------------------------------------------------------------------------------------------------------
+
+PROXY_READ_TIMEOUT = 2.0
+"""Read timeout of the clients ``proxy_options`` makes: a ``timeout`` fault costs about this long."""
+
+
+@pytest.fixture
+def fault_proxy(s3_server: S3Settings) -> Iterator[FaultProxy]:
+    """A :class:`FaultProxy` on 127.0.0.1 in front of ``s3_server``; it injects nothing until given rules."""
+    with FaultProxy(s3_server.endpoint, hold_seconds=10 * PROXY_READ_TIMEOUT) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def proxy_options(s3_server: S3Settings, fault_proxy: FaultProxy) -> dict[str, Any]:
+    """fsspec / s3fs storage options for ``s3_server`` through ``fault_proxy``, with short timeouts."""
+    options = dataclasses.replace(s3_server, endpoint=fault_proxy.endpoint).storage_options()
+    options["config_kwargs"] = {"read_timeout": PROXY_READ_TIMEOUT, "connect_timeout": PROXY_READ_TIMEOUT}
+    return options
