@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 
-def local_spark(app_name: str, cores: int = 2) -> Any:
-    """Start (or get) a ``local[cores]`` SparkSession bound to 127.0.0.1, with UTC session time zone.
+def local_spark(app_name: str, cores: int = 2, conf: Mapping[str, str] | None = None) -> Any:
+    """Start (or get) a ``local[cores]`` SparkSession bound to 127.0.0.1, with UTC session time zone, and
+    ``conf`` on top.
 
     Python workers run the interpreter running this (so they see the same installed packages), unless
     ``PYSPARK_PYTHON`` says otherwise."""
@@ -16,7 +18,7 @@ def local_spark(app_name: str, cores: int = 2) -> Any:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    session = (
+    builder = (
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app_name)
         .config("spark.ui.enabled", "false")
@@ -25,7 +27,9 @@ def local_spark(app_name: str, cores: int = 2) -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
