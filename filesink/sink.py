@@ -17,6 +17,7 @@ a file that is visible is committed, one that is not is dropped and its data wri
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import threading
@@ -38,6 +39,8 @@ from .planner import plan
 from .rollover import Rollover
 from .state import PlannedFile, SinkState
 from .writer import FileTask, OutputLocation, WrittenObject, write_file
+
+log = logging.getLogger(__name__)
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
@@ -280,6 +283,7 @@ class ExactlyOnceParquetSink:
         if files:
             failpoint("filesink.commit.after")
             self._forget_records(written)
+            self._remove_failed_attempts(written)
         self._epochs_since_sweep += 1
         sweep = self._epochs_since_sweep >= GC_SWEEP_EVERY
         if sweep:
@@ -293,6 +297,20 @@ class ExactlyOnceParquetSink:
             for index in range(len(objects)):
                 storage.delete(record_path(self._term, name, index))
         storage.prune_dirs(f"{PREFIX}/{term_dir(self._term)}")
+
+    def _remove_failed_attempts(self, written: dict[str, list[WrittenObject]]) -> None:
+        """Remove temp files and uploads of task attempts that died or stalled while writing these files (now
+        committed; Spark ran their tasks again). Best effort: recovery removes what is left at the next start."""
+        from recovery.fence import remove_failed_attempts
+
+        keys = [o.key for objects in written.values() for o in objects]
+        try:
+            removed = remove_failed_attempts(self._output, self._term, list(written), keys)
+        except Exception as e:
+            log.warning("could not remove what failed task attempts left of the files just committed: %s", e)
+            return
+        if removed:
+            log.info("removed %d temp files or uploads left by failed task attempts", removed)
 
     def _recover(self) -> None:
         """Take a new writer term (fencing earlier writers), resolve files left pending by an earlier run,

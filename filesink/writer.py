@@ -281,7 +281,8 @@ class _UploadObject:
         term = self.fence.term if self.fence else 0
         return FencedError(
             f"file {self.name}: the upload of {self.key} was aborted: the sink has restarted since this writer of "
-            f"writer term {term} started, so it must not publish. Recovery has resolved or will resolve this file."
+            f"writer term {term} started, or another attempt of this task has published and committed the file "
+            "already; this writer must not publish. Recovery has resolved or will resolve this file."
         )
 
     def publish(self) -> None:
