@@ -62,6 +62,8 @@ class _Daemon:
     command: list[str]
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    session: int | None = None
+    """The session the daemon leads (its pid), which its executors and their Python workers are in."""
 
 
 @dataclass
@@ -144,7 +146,6 @@ class SparkCluster:
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the daemons (a worker stops its executors), then SIGKILL whatever of them is left."""
         daemons = [d for d in self._daemons if d.process is not None]
-        sessions = {d.process.pid for d in daemons if d.process is not None}
         for daemon in reversed(daemons):  # workers first
             assert daemon.process is not None
             if daemon.process.poll() is None:
@@ -154,7 +155,7 @@ class SparkCluster:
             assert daemon.process is not None
             with contextlib.suppress(subprocess.TimeoutExpired):
                 daemon.process.wait(max(0.1, deadline - time.monotonic()))
-        for pid in processes_in_sessions(sessions):
+        for pid in self.pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for daemon in daemons:
@@ -189,6 +190,7 @@ class SparkCluster:
                 start_new_session=True,
                 preexec_fn=_die_with_parent(),  # SIGTERM if the test process dies without stopping it
             )
+        daemon.session = daemon.process.pid
 
     def _wait(self, ready: Any, what: str) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -216,7 +218,7 @@ class SparkCluster:
 
     def pids(self) -> list[int]:
         """Every live process the cluster started: daemons, executor JVMs, their Python daemons and workers."""
-        return processes_in_sessions({d.process.pid for d in self._daemons if d.process is not None})
+        return processes_in_sessions({d.session for d in self._daemons if d.session is not None})
 
     def executor_pids(self) -> list[int]:
         """The executor JVMs running now."""

@@ -21,7 +21,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from cluster import SparkCluster, executor_of
+from cluster import SparkCluster, SparkClusterError, executor_of
 from sink_helpers import COLUMNS, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink.planner import is_file_name
@@ -162,3 +162,13 @@ def test_executor_killed_while_writing_a_file(spark_cluster, tmp_path, s3_prefix
         f"lost {sum(lost.values())}, duplicated {sum(duplicated.values())}, unexpected {sum(unexpected.values())}"
     )
     assert read_duckdb(out, s3_options) == expected
+
+
+def test_a_cluster_that_does_not_come_up_reports_its_logs(tmp_path):
+    cluster = SparkCluster(tmp_path, memory="lots")  # not a memory size: the workers exit at once
+    with pytest.raises(SparkClusterError, match=r"worker-\d exited with code 1") as failure:
+        cluster.start()
+    message = str(failure.value)
+    assert "--memory lots" in message, "the command line"
+    assert "Usage: Worker" in message and "Starting Spark master" in message, "the daemons' logs"
+    assert cluster.pids() == [], "the master and the other worker are stopped"
