@@ -33,7 +33,7 @@ from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
 
 from .errors import CheckpointMismatchError, SchemaMismatchError, SinkOptionError
-from .fencing import PREFIX, record_path, term_dir
+from .fencing import PREFIX, term_dir
 from .lock import StateLock
 from .planner import plan
 from .rollover import Rollover
@@ -291,12 +291,14 @@ class ExactlyOnceParquetSink:
         self._store.collect_garbage(sweep=sweep)
 
     def _forget_records(self, written: dict[str, list[WrittenObject]]) -> None:
-        """Delete the writers' records of committed files (recovery deletes any left behind)."""
+        """Delete the writers' records of committed files, of every attempt (recovery deletes any left behind)."""
         storage = self._store.storage
-        for name, objects in written.items():
-            for index in range(len(objects)):
-                storage.delete(record_path(self._term, name, index))
-        storage.prune_dirs(f"{PREFIX}/{term_dir(self._term)}")
+        prefix = f"{PREFIX}/{term_dir(self._term)}"
+        for relpath, _size in list(storage.list_files(prefix)):
+            parts = relpath.split("/")  # writers/term-<T>/<file>/<index>-<attempt>.json
+            if len(parts) == 4 and parts[2] in written:
+                storage.delete(relpath)
+        storage.prune_dirs(prefix)
 
     def _remove_failed_attempts(self, written: dict[str, list[WrittenObject]]) -> None:
         """Remove temp files and uploads of task attempts that died or stalled while writing these files (now

@@ -1,9 +1,10 @@
 """A failed task attempt: on a cluster, the executor of a file writer dies (or stalls) in the middle of its
 file, and Spark runs the task again elsewhere, in the same writer term. The retry publishes the file; what
 the failed attempt left (an S3 multipart upload in progress, a local temp file) must not outlive the roll,
-and an attempt that was only stalled must not change the output when it carries on.
+and an attempt that was only stalled must not change the output when it carries on. If the driver dies
+before the retry publishes, the restarted sink must fence every attempt, the stalled one too.
 
-No Spark here: the failed attempt is a writer process running exactly what a Spark task runs (``write_file``),
+No Spark here: the attempts are writer processes running exactly what a Spark task runs (``write_file``),
 SIGKILLed or paused at a failpoint; the retry is the sink's own write of the same file.
 """
 
@@ -26,7 +27,8 @@ from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.fencing import PREFIX, TERM_FILE, term_dir
 from filesink.planner import plan
 from filesink.upload import list_uploads
-from logstore.failpoints import ENV_VAR
+from filesink.writer import write_file
+from logstore.failpoints import ENV_VAR, FailpointError
 
 WRITER = Path(__file__).with_name("zombie_writer.py")
 RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)
@@ -122,3 +124,73 @@ def test_leftovers_of_a_failed_attempt_go_when_its_retry_commits(tmp_path, reque
     records = [r for r, _ in sink._store.storage.list_files(PREFIX) if r != TERM_FILE]
     assert records == [], "writer records are removed"
     assert _leftovers(sink) == []
+
+
+def test_stalled_attempt_is_fenced_after_restart_although_its_retry_recorded_the_same_objects(
+    tmp_path, s3_prefix, s3_options, monkeypatch
+):
+    """Attempt A stalls just before completing its upload; Spark retries the task and attempt B records the
+    same object (another upload) before it dies too; then the driver dies. The restarted sink must fence A as
+    well as B: A completing its upload after recovery dropped the file would leave a file nobody committed,
+    whose rows are written again into other files."""
+    path, log_store = s3_prefix + "/table", s3_prefix + "/log"
+
+    def open_sink(parallelism: int) -> ExactlyOnceParquetSink:
+        return ExactlyOnceParquetSink(
+            path, tmp_path / "state", log_store=log_store, vnodes=8, parallelism=parallelism, rollover=RULES,
+            storage_options=s3_options,
+        )  # fmt: skip
+
+    expected: Counter = Counter()
+    old = open_sink(2)
+    for epoch in range(2):
+        rows = batch_rows(epoch, 200, seed=7)
+        expected.update(rows)
+        append_epoch(old, epoch, rows)
+    files, _ = plan(old._store, RULES, 2, now=time.time(), bytes_per_log_byte=1.0, force=True)
+    old._state.precommit(files, old._term)
+    victim, other = (old._file_task(f, old._term) for f in files)
+    write_file(old._output, other)  # published; the old run dies before committing it
+
+    task_file = tmp_path / "task.pickle"
+    task_file.write_bytes(pickle.dumps((old._output, victim)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(WRITER.parent), os.environ.get("PYTHONPATH")])))
+
+    def attempt(failpoint: str) -> subprocess.Popen[str]:
+        command = [sys.executable, str(WRITER), str(task_file)]
+        return subprocess.Popen(command, env=dict(env, **{ENV_VAR: failpoint}), stdout=subprocess.PIPE, text=True)
+
+    a = attempt("filesink.upload.complete.before=stop")
+    try:
+        deadline = time.monotonic() + 60
+        while process_state(a.pid) != "T":
+            assert a.poll() is None and time.monotonic() < deadline, "attempt A did not reach its pause point"
+            time.sleep(0.02)
+        b = attempt("filesink.write.publish.before=kill")
+        assert b.wait(60) == -9
+        b.stdout.close()  # type: ignore[union-attr]
+        old._state_lock.release()  # the old driver dies: the OS releases its lock and files
+        old._store.close()
+
+        # The restarted sink's recovery drops the victim (nothing visible) and dies before its garbage step;
+        # attempt A carries on.
+        monkeypatch.setenv(ENV_VAR, f"recovery.resolve.after#{victim.name}=raise")
+        with pytest.raises(FailpointError):
+            open_sink(1)
+        monkeypatch.delenv(ENV_VAR)
+        a.send_signal(signal.SIGCONT)
+        out, _ = a.communicate(timeout=120)
+    finally:
+        if a.poll() is None:
+            a.kill()
+        a.wait()
+    assert a.returncode == 3 and out.startswith("fenced:"), f"attempt A was not fenced: {out}"
+
+    new = open_sink(1)
+    new.flush()
+    new.close()
+    got = read_pyarrow(path, s3_options)
+    lost, duplicated = expected - got, got - expected
+    assert (sum(lost.values()), sum(duplicated.values())) == (0, 0)
+    assert read_duckdb(path, s3_options) == expected
+    assert _leftovers(new) == []
