@@ -51,10 +51,12 @@ def _job(cluster: SparkCluster, tmp_path: Path, run: int, out: str, log: str, op
         return subprocess.Popen(args, env=env, stdout=stdout, stderr=stderr, text=True, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float) -> int:
+def _finish(proc: subprocess.Popen, tmp_path: Path, run: int) -> int:
     """Wait for the job to end; then (or on a timeout) kill what is left of it, the driver's JVM included."""
     try:
-        return proc.wait(timeout)
+        return proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"job run {run} did not end within {TIMEOUT} s:{_text(tmp_path, run)}")
     finally:
         _kill(proc)
 
@@ -127,13 +129,13 @@ def test_executor_killed_while_writing_a_file(spark_cluster, tmp_path, s3_prefix
         assert len(executors) == 2, "one executor per worker"
         os.kill(executor, signal.SIGKILL)
         killed_at = time.monotonic() - began
-        code = _finish(proc, TIMEOUT)
+        code = _finish(proc, tmp_path, 1)
     finally:
         _kill(proc)
     runs = 1
     if code != 0:  # the job died of it: restart it, as a user would; recovery resolves the pending files
         runs = 2
-        code = _finish(_job(cluster, tmp_path, 2, out, log, s3_options), TIMEOUT)
+        code = _finish(_job(cluster, tmp_path, 2, out, log, s3_options), tmp_path, 2)
     elapsed = time.monotonic() - began
     report = _text(tmp_path, 1) + (_text(tmp_path, 2) if runs == 2 else "")
     assert code == 0 and (tmp_path / f"job-{runs}.out").read_text().endswith("done\n"), report
