@@ -17,6 +17,11 @@ started it, in its :class:`~filesink.writer.FileTask`, and is **fenced** once a 
   recorded it later reads the new term and stops. Uploads a writer created but never recorded (it died in
   between) are found by listing the output's multipart uploads and aborted as garbage.
 
+Each run of a file's writer (a Spark task attempt) records under names of its own,
+``writers/term-<T>/<file>/<object index>-<attempt>.json``: on a cluster Spark runs a task again when its
+executor is lost, and a retry must not overwrite the upload id of an attempt that may still be running
+(a stalled executor), or recovery would not abort that upload.
+
 Writers also record each object's size before publishing it, so recovery can check that a visible object
 is the one the file's writer wrote (size as recorded).
 """
@@ -61,18 +66,20 @@ class ObjectRecord:
     """The multipart upload that makes the object visible (S3); None on local disk."""
     size: int | None = None
     """The object's size, recorded once it is complete and before it is published."""
+    attempt: str = ""
+    """The run of the writer that recorded it (:attr:`Fence.attempt`)."""
 
     @property
     def relpath(self) -> str:
-        return record_path(self.term, self.file, self.index)
+        return record_path(self.term, self.file, self.index, self.attempt)
 
     def to_json(self) -> bytes:
         fields = {"key": self.key, "upload_id": self.upload_id, "size": self.size}
         return json.dumps(fields, sort_keys=True).encode()
 
 
-def record_path(term: int, file: str, index: int) -> str:
-    return f"{PREFIX}/{term_dir(term)}/{file}/{index:05d}.json"
+def record_path(term: int, file: str, index: int, attempt: str = "") -> str:
+    return f"{PREFIX}/{term_dir(term)}/{file}/{index:05d}{'-' + attempt if attempt else ''}.json"
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ class Fence:
 
     log: LogLocation
     term: int
+    attempt: str = ""
+    """Set by each run of a writer (:func:`filesink.writer.write_file`), which names its records after it."""
 
     def record(self, record: ObjectRecord) -> None:
         """Write ``record`` durably to the log store (one atomic write)."""
@@ -135,13 +144,15 @@ def records(storage: Storage, *, below: int | None = None, term: int | None = No
             continue
         except ValueError:
             fields = {}  # a torn record cannot exist (writes are atomic); an unreadable one is only deleted
+        number, _, attempt = parts[3].removesuffix(".json").partition("-")
         yield ObjectRecord(
             term=found,
             file=parts[2],
-            index=int(parts[3].removesuffix(".json")) if parts[3][:-5].isdigit() else -1,
+            index=int(number) if number.isdigit() else -1,
             key=str(fields.get("key", "")),
             upload_id=fields.get("upload_id"),
             size=fields.get("size"),
+            attempt=attempt,
         )
 
 

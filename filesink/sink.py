@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pickle
 import sqlite3
@@ -34,12 +35,14 @@ from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
 
 from .errors import CheckpointMismatchError, SchemaMismatchError, SinkOptionError, StateDatabaseError
-from .fencing import PREFIX, record_path, term_dir
+from .fencing import PREFIX, term_dir
 from .lock import StateLock
 from .planner import plan
 from .rollover import Rollover
 from .state import PlannedFile, SinkState
 from .writer import FileTask, OutputLocation, WrittenObject, write_file
+
+log = logging.getLogger(__name__)
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
@@ -297,6 +300,7 @@ class ExactlyOnceParquetSink:
         if files:
             failpoint("filesink.commit.after")
             self._forget_records(written)
+            self._remove_failed_attempts(written)
         self._epochs_since_sweep += 1
         sweep = self._epochs_since_sweep >= GC_SWEEP_EVERY
         if sweep:
@@ -304,12 +308,28 @@ class ExactlyOnceParquetSink:
         self._store.collect_garbage(sweep=sweep)
 
     def _forget_records(self, written: dict[str, list[WrittenObject]]) -> None:
-        """Delete the writers' records of committed files (recovery deletes any left behind)."""
+        """Delete the writers' records of committed files, of every attempt (recovery deletes any left behind)."""
         storage = self._store.storage
-        for name, objects in written.items():
-            for index in range(len(objects)):
-                storage.delete(record_path(self._term, name, index))
-        storage.prune_dirs(f"{PREFIX}/{term_dir(self._term)}")
+        prefix = f"{PREFIX}/{term_dir(self._term)}"
+        for relpath, _size in list(storage.list_files(prefix)):
+            parts = relpath.split("/")  # writers/term-<T>/<file>/<index>-<attempt>.json
+            if len(parts) == 4 and parts[2] in written:
+                storage.delete(relpath)
+        storage.prune_dirs(prefix)
+
+    def _remove_failed_attempts(self, written: dict[str, list[WrittenObject]]) -> None:
+        """Remove temp files and uploads of task attempts that died or stalled while writing these files (now
+        committed; Spark ran their tasks again). Best effort: recovery removes what is left at the next start."""
+        from recovery.fence import remove_failed_attempts
+
+        keys = [o.key for objects in written.values() for o in objects]
+        try:
+            removed = remove_failed_attempts(self._output, self._term, list(written), keys)
+        except Exception as e:
+            log.warning("could not remove what failed task attempts left of the files just committed: %s", e)
+            return
+        if removed:
+            log.info("removed %d temp files or uploads left by failed task attempts", removed)
 
     def _recover(self) -> None:
         """Take a new writer term (fencing earlier writers), resolve files left pending by an earlier run,

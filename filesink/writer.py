@@ -25,6 +25,7 @@ value combination, ``<partition dirs>/<name>.parquet`` (or ``<name>.parquet`` wi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -221,7 +222,7 @@ class _LocalObject:
             f.close()
 
     def record(self, name: str, index: int, fence: Fence, size: int) -> None:
-        fence.record(ObjectRecord(fence.term, name, index, self.key, None, size))
+        fence.record(ObjectRecord(fence.term, name, index, self.key, None, size, fence.attempt))
 
     def publish(self) -> None:
         ensure_dir(self.final.parent)  # fsyncs the parents of the directories it creates
@@ -261,7 +262,9 @@ class _UploadObject:
     def _created(self, upload_id: str) -> None:
         if self.fence is None:
             return
-        self.fence.record(ObjectRecord(self.fence.term, self.name, self.index, self.key, upload_id))
+        self.fence.record(
+            ObjectRecord(self.fence.term, self.name, self.index, self.key, upload_id, attempt=self.fence.attempt)
+        )
         try:
             self.fence.check(f"file {self.name}, object {self.key}")
         except FencedError:
@@ -276,13 +279,14 @@ class _UploadObject:
         return self.upload.size
 
     def record(self, name: str, index: int, fence: Fence, size: int) -> None:
-        fence.record(ObjectRecord(fence.term, name, index, self.key, self.upload.upload_id, size))
+        fence.record(ObjectRecord(fence.term, name, index, self.key, self.upload.upload_id, size, fence.attempt))
 
     def _gone(self) -> FencedError:
         term = self.fence.term if self.fence else 0
         return FencedError(
             f"file {self.name}: the upload of {self.key} was aborted: the sink has restarted since this writer of "
-            f"writer term {term} started, so it must not publish. Recovery has resolved or will resolve this file."
+            f"writer term {term} started, or another attempt of this task has published and committed the file "
+            "already; this writer must not publish. Recovery has resolved or will resolve this file."
         )
 
     def publish(self) -> None:
@@ -307,13 +311,13 @@ class _Target(Protocol):
 
 
 class _LocalTarget:
-    def __init__(self, output: OutputLocation, task: FileTask) -> None:
+    def __init__(self, output: OutputLocation, task: FileTask, attempt: str) -> None:
         self.root = output.local_root()
         self.term = task.term
         self.fenced = task.term > 0
         self.staging = output.local_staging() / term_dir(task.term) if self.fenced else output.local_staging()
         self.name = task.name
-        self.run = uuid.uuid4().hex[:12]  # only temp names are random; they never become visible
+        self.run = attempt  # only temp names are random; they never become visible
 
     def new_object(self, key: str, index: int) -> _Object:
         return _LocalObject(self.root, self.staging, key, f".{self.name}.{index:05d}.{self.run}.tmp", self.term)
@@ -328,7 +332,7 @@ class _LocalTarget:
 
 
 class _UploadTarget:
-    def __init__(self, output: OutputLocation, task: FileTask) -> None:
+    def __init__(self, output: OutputLocation, task: FileTask, fence: Fence | None) -> None:
         self.fs, self.root = output_filesystem(output)
         protocols = _protocols(self.fs)
         if not protocols & MULTIPART_PROTOCOLS:
@@ -338,10 +342,11 @@ class _UploadTarget:
             )
         self.part_size = output.part_size
         self.task = task
+        self.fence = fence
 
     def new_object(self, key: str, index: int) -> _Object:
         path = f"{self.root}/{key}"
-        return _UploadObject(self.fs, path, key, index, self.part_size, self.task.name, self.task.fence)
+        return _UploadObject(self.fs, path, key, index, self.part_size, self.task.name, self.fence)
 
     def check(self) -> None:
         fence = self.task.fence
@@ -532,7 +537,9 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
     _check_task(task, schema)
     data_columns = [c for c in schema.names if c not in task.partition_by]
     file_schema = pa.schema([schema.field(c) for c in data_columns], metadata=schema.metadata)
-    target: _Target = _LocalTarget(output, task) if output.is_local else _UploadTarget(output, task)
+    attempt = uuid.uuid4().hex[:12]  # this run of the task: names its temp files and its records
+    fence = dataclasses.replace(task.fence, attempt=attempt) if task.fence is not None else None
+    target: _Target = _LocalTarget(output, task, attempt) if output.is_local else _UploadTarget(output, task, fence)
     target.check()
     suffix = f"{task.name}{SUFFIX}"
 
@@ -562,7 +569,6 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
         ordered = [partitions[d] for d in sorted(partitions, key=lambda d: partitions[d].key)]
         for writer in ordered:
             writer.finish()
-        fence = task.fence
         if fence is not None:
             for index, writer in enumerate(partitions.values()):
                 try:
@@ -580,8 +586,8 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
     except BaseException as e:
         for writer in partitions.values():
             writer.abort()
-        if isinstance(e, FencedError) and task.fence is not None:
-            _forget_records(task.fence, task.name, len(partitions))
+        if isinstance(e, FencedError) and fence is not None:
+            _forget_records(fence, task.name, len(partitions))
         raise
     return [WrittenObject(w.key, w.size, w.rows) for w in ordered]
 
@@ -590,7 +596,7 @@ def _forget_records(fence: Fence, name: str, objects: int) -> None:
     """A fenced writer removes its records (recovery may have listed them already); best effort."""
     for index in range(objects):
         try:
-            fence.forget(ObjectRecord(fence.term, name, index, ""))
+            fence.forget(ObjectRecord(fence.term, name, index, "", attempt=fence.attempt))
         except Exception as e:
             log.debug("could not remove the record of object %d of %s: %s", index, name, e)
 

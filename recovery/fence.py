@@ -6,9 +6,11 @@
   a local output, multipart uploads of this sink's files left in progress under an S3 output, and the
   records of older terms. Every key is checked to be under the output prefix and to be named like one of the
   sink's files before anything is deleted or aborted.
+- :func:`remove_failed_attempts`: while the sink runs, what failed task attempts left of files that are
+  published now (another attempt of the same task wrote them).
 
-Only run these while no writer of the current term can run (the caller holds the state directory's lock,
-before the sink starts writing).
+Only run the others while no writer of the current term can run (the caller holds the state directory's
+lock, before the sink starts writing).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +100,33 @@ def release_staging(output: OutputLocation, term: int) -> None:
             pass
         except OSError as e:
             log.warning("could not remove the staging directory of writer term %d: %s", term, e)
+
+
+def remove_failed_attempts(output: OutputLocation, term: int, names: Collection[str], keys: Collection[str]) -> int:
+    """Remove what failed attempts at writing the files ``names`` of writer term ``term`` left; return how many.
+
+    On a cluster a task attempt can die in the middle of a file (its executor is lost) or stall, and Spark
+    runs the task again. Call this once the files are published and committed: all their objects (``keys``,
+    relative to the output) are visible, so temp files of these files in the term's staging directory
+    (local) and multipart uploads of these keys still in progress (S3) belong to other attempts and can never
+    be needed. An attempt still running then fails when it publishes; its file is already there, same bytes.
+    """
+    removed = 0
+    if output.is_local:
+        staging = output.local_staging() / term_dir(term)
+        for name in names:
+            for path in staging.glob(f".{name}.*.tmp"):
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+    wanted = set(keys)
+    fs, root = output_filesystem(output)
+    bucket, prefix, _ = fs.split_path(root + "/")
+    prefix = prefix.rstrip("/") + "/"
+    for key, upload_id in list_uploads(fs, bucket, prefix):
+        if key.startswith(prefix) and key[len(prefix) :] in wanted:
+            removed += abort_upload(fs, bucket, key, upload_id)
+    return removed
 
 
 def find_output_garbage(output: OutputLocation, storage: Storage, sink_id: str, term: int) -> OutputGarbage:

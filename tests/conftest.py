@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cluster import SparkCluster
 from faultproxy import FaultProxy
 from s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
 
@@ -146,3 +147,20 @@ def proxy_options(s3_server: S3Settings, fault_proxy: FaultProxy) -> dict[str, A
     options = dataclasses.replace(s3_server, endpoint=fault_proxy.endpoint).storage_options()
     options["config_kwargs"] = {"read_timeout": PROXY_READ_TIMEOUT, "connect_timeout": PROXY_READ_TIMEOUT}
     return options
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A Spark standalone cluster: a master and two workers (1 core, 1 GiB each) on 127.0.0.1 (tests/cluster.py)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A started cluster (``master_url``, ``state()``, ``executor_pids()``, ...), stopped with its executors after
+    the test. One that does not come up is a test error carrying the daemons' logs."""
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1, memory="1g")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -22,13 +22,20 @@ SCHEMA = "id long, user_id long, event_date string, amount double"
 
 def main() -> None:
     source, output, state, checkpoint, parallelism = sys.argv[1:6]
-    spark = local_spark("filesink-kill-test")
+    run(local_spark("filesink-kill-test"), source, output, state, checkpoint, int(parallelism))
+
+
+def run(
+    spark, source: str, output: str, state: str, checkpoint: str, parallelism: int, log_store: str | None = None
+) -> None:
+    """The job on ``spark``; the log store at ``log_store`` (default: under ``state``)."""
     sink = ExactlyOnceParquetSink(
         output,
         state,
+        log_store=log_store,
         key_columns=["user_id"],
         vnodes=32,
-        parallelism=int(parallelism),
+        parallelism=parallelism,
         rollover=Rollover(target_file_size=None, max_epochs=2, max_age_seconds=None),
         storage_options=json.loads(os.environ.get("SINK_JOB_S3", "{}")),
     )

@@ -1,0 +1,196 @@
+"""A failed task attempt: on a cluster, the executor of a file writer dies (or stalls) in the middle of its
+file, and Spark runs the task again elsewhere, in the same writer term. The retry publishes the file; what
+the failed attempt left (an S3 multipart upload in progress, a local temp file) must not outlive the roll,
+and an attempt that was only stalled must not change the output when it carries on. If the driver dies
+before the retry publishes, the restarted sink must fence every attempt, the stalled one too.
+
+No Spark here: the attempts are writer processes running exactly what a Spark task runs (``write_file``),
+SIGKILLed or paused at a failpoint; the retry is the sink's own write of the same file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import process_state
+from sink_helpers import append_epoch, batch_rows, read_duckdb, read_pyarrow
+
+from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.fencing import PREFIX, TERM_FILE, term_dir
+from filesink.planner import plan
+from filesink.upload import list_uploads
+from filesink.writer import write_file
+from logstore.failpoints import ENV_VAR, FailpointError
+
+WRITER = Path(__file__).with_name("zombie_writer.py")
+RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)
+
+
+def _leftovers(sink: ExactlyOnceParquetSink) -> list[str]:
+    """Temp files in the sink's staging directory (local), or multipart uploads in progress under it (S3)."""
+    output = sink._output
+    if output.is_local:
+        staging = output.local_staging() / term_dir(sink._term)
+        return sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
+    fs = sink._store.storage.fs  # type: ignore[attr-defined]
+    bucket, key, _ = fs.split_path(output.url)
+    return sorted(k for k, _ in list_uploads(fs, bucket, key + "/"))
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partitioned"])
+@pytest.mark.parametrize("fate", ["killed", "stalled"])
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_leftovers_of_a_failed_attempt_go_when_its_retry_commits(tmp_path, request, where, fate, partitioned):
+    if where == "local":
+        path, options, log_store = str(tmp_path / "out"), None, None
+    else:
+        prefix = request.getfixturevalue("s3_prefix")
+        path, options, log_store = prefix + "/table", request.getfixturevalue("s3_options"), prefix + "/log"
+    sink = ExactlyOnceParquetSink(
+        path,
+        tmp_path / "state",
+        log_store=log_store,
+        vnodes=8,
+        parallelism=1,
+        partition_by=["event_date"] if partitioned else None,
+        rollover=RULES,
+        storage_options=options,
+    )
+    expected: Counter = Counter()
+    for epoch in range(2):
+        rows = batch_rows(epoch, 200, seed=5)
+        expected.update(rows)
+        append_epoch(sink, epoch, rows)
+    # The file the sink's next flush writes (the plan is a function of the state database).
+    [planned], _ = plan(sink._store, RULES, 1, now=time.time(), bytes_per_log_byte=1.0, force=True)
+    task = sink._file_task(planned, sink._term)
+
+    # The first attempt: every object complete, none published, when its executor dies (or stalls).
+    task_file = tmp_path / "task.pickle"
+    task_file.write_bytes(pickle.dumps((sink._output, task)))
+    action = "kill" if fate == "killed" else "stop"
+    env = dict(os.environ, **{ENV_VAR: f"filesink.write.publish.before={action}"})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WRITER.parent), env.get("PYTHONPATH")]))
+    attempt = subprocess.Popen(
+        [sys.executable, str(WRITER), str(task_file)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while attempt.poll() is None and process_state(attempt.pid) != "T":
+            assert time.monotonic() < deadline, "the first attempt did not reach its failpoint"
+            time.sleep(0.02)
+        assert attempt.returncode == (-9 if fate == "killed" else None)
+        left = _leftovers(sink)
+        assert len(left) == (3 if partitioned else 1), left  # the three event dates, or the one object
+        assert all(planned.name in name for name in left), left
+
+        sink.flush()  # the retry: writes, publishes and commits the same file
+
+        assert _leftovers(sink) == [], "the failed attempt's temp files / uploads are removed"
+        if fate == "stalled":  # it carries on, and cannot publish anything
+            attempt.send_signal(signal.SIGCONT)
+            out, err = attempt.communicate(timeout=60)
+            assert "published" not in out.splitlines(), (out, err[-3000:])
+            if where == "s3":  # its upload was aborted
+                assert attempt.returncode == 3 and out.startswith("fenced:"), (out, err[-3000:])
+            else:  # its temp file is gone: the rename fails
+                assert attempt.returncode == 1 and "FileWriteError" in err and "publish" in err, err[-3000:]
+    finally:
+        if attempt.poll() is None:
+            attempt.kill()
+        attempt.wait()
+
+    for epoch in range(2, 4):  # the sink goes on
+        rows = batch_rows(epoch, 200, seed=5)
+        expected.update(rows)
+        append_epoch(sink, epoch, rows)
+    sink.flush()
+    sink.close()
+    parts = ("event_date",) if partitioned else ()
+    assert read_pyarrow(path, options, parts) == expected
+    assert read_duckdb(path, options, parts) == expected
+    records = [r for r, _ in sink._store.storage.list_files(PREFIX) if r != TERM_FILE]
+    assert records == [], "writer records are removed"
+    assert _leftovers(sink) == []
+
+
+def test_stalled_attempt_is_fenced_after_restart_although_its_retry_recorded_the_same_objects(
+    tmp_path, s3_prefix, s3_options, monkeypatch
+):
+    """Attempt A stalls just before completing its upload; Spark retries the task and attempt B records the
+    same object (another upload) before it dies too; then the driver dies. The restarted sink must fence A as
+    well as B: A completing its upload after recovery dropped the file would leave a file nobody committed,
+    whose rows are written again into other files."""
+    path, log_store = s3_prefix + "/table", s3_prefix + "/log"
+
+    def open_sink(parallelism: int) -> ExactlyOnceParquetSink:
+        return ExactlyOnceParquetSink(
+            path, tmp_path / "state", log_store=log_store, vnodes=8, parallelism=parallelism, rollover=RULES,
+            storage_options=s3_options,
+        )  # fmt: skip
+
+    expected: Counter = Counter()
+    old = open_sink(2)
+    for epoch in range(2):
+        rows = batch_rows(epoch, 200, seed=7)
+        expected.update(rows)
+        append_epoch(old, epoch, rows)
+    files, _ = plan(old._store, RULES, 2, now=time.time(), bytes_per_log_byte=1.0, force=True)
+    old._state.precommit(files, old._term)
+    victim, other = (old._file_task(f, old._term) for f in files)
+    write_file(old._output, other)  # published; the old run dies before committing it
+
+    task_file = tmp_path / "task.pickle"
+    task_file.write_bytes(pickle.dumps((old._output, victim)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(WRITER.parent), os.environ.get("PYTHONPATH")])))
+
+    def attempt(failpoint: str) -> subprocess.Popen[str]:
+        command = [sys.executable, str(WRITER), str(task_file)]
+        return subprocess.Popen(command, env=dict(env, **{ENV_VAR: failpoint}), stdout=subprocess.PIPE, text=True)
+
+    a = attempt("filesink.upload.complete.before=stop")
+    try:
+        deadline = time.monotonic() + 60
+        while process_state(a.pid) != "T":
+            assert a.poll() is None and time.monotonic() < deadline, "attempt A did not reach its pause point"
+            time.sleep(0.02)
+        b = attempt("filesink.write.publish.before=kill")
+        assert b.wait(60) == -9
+        b.stdout.close()  # type: ignore[union-attr]
+        old._state_lock.release()  # the old driver dies: the OS releases its lock and files
+        old._store.close()
+
+        # The restarted sink's recovery drops the victim (nothing visible) and dies before its garbage step;
+        # attempt A carries on.
+        monkeypatch.setenv(ENV_VAR, f"recovery.resolve.after#{victim.name}=raise")
+        with pytest.raises(FailpointError):
+            open_sink(1)
+        monkeypatch.delenv(ENV_VAR)
+        a.send_signal(signal.SIGCONT)
+        out, _ = a.communicate(timeout=120)
+    finally:
+        if a.poll() is None:
+            a.kill()
+        a.wait()
+    assert a.returncode == 3 and out.startswith("fenced:"), f"attempt A was not fenced: {out}"
+
+    new = open_sink(1)
+    new.flush()
+    new.close()
+    got = read_pyarrow(path, s3_options)
+    lost, duplicated = expected - got, got - expected
+    assert (sum(lost.values()), sum(duplicated.values())) == (0, 0)
+    assert read_duckdb(path, s3_options) == expected
+    assert _leftovers(new) == []
