@@ -267,7 +267,9 @@ def test_writer_error_is_raised_in_the_caller_and_removes_the_temp_file(tmp_path
     threads = threading.active_count()
     with pytest.raises(OSError) as raised:
         append_segment(target, 0, table)
-    assert raised.value is error, "the writer thread's own exception, not a wrapper"
+    # the writer thread's own exception, as the cause of an error that names the segment and the epoch
+    assert raised.value.__cause__ is error and raised.value.errno == error.errno
+    assert "append to epoch" in str(raised.value) and ".seg" in str(raised.value)
     assert threading.active_count() == threads
     assert _files(tmp_path) == []
     assert len(produced) < min(50, blocks), "the producer stopped soon after the writer failed"

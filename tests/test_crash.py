@@ -93,7 +93,11 @@ def _random_kills(state_dir, seed, url=None, options=None, kills=5, epochs=1500,
     for _ in range(kills):
         proc = _child(state_dir, url, options, epochs=epochs, rows=rows)
         assert proc.stdout.readline() == "started\n", proc.stderr.read()
-        time.sleep(rng.uniform(0.0, 1.0))
+        # a random number of epochs in (so that each kill lands mid-run, whatever the storage's speed), then a
+        # random moment within an epoch's work: append, seal or between
+        for _ in range(rng.randrange(0, 25)):
+            assert proc.stdout.readline().startswith("sealed "), proc.stderr.read()
+        time.sleep(rng.uniform(0.0, 0.05))
         proc.kill()
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == -9 and f"sealed {epochs - 1}" not in out, "the kill must land mid-run"
