@@ -139,10 +139,10 @@ def campaign(
                 zombie = None
             # Let it run a random number of batches (0: during start-up and recovery), then kill it a random
             # moment later: inside append, seal, planning, file writing or commit.
-            for _ in range(rng.randrange(0, 4) + 1):
+            for _ in range(rng.randrange(0, 3) + 1):
                 if not proc.stdout.readline():
                     break
-            time.sleep(rng.uniform(0.0, 1.5))
+            time.sleep(rng.uniform(0.0, 1.0))
             landed += proc.poll() is None
             _kill(proc)
         assert stray_objects(out, options) == [], f"seed {seed}: after kill {kill + 1}"
@@ -185,4 +185,5 @@ def test_chaos_campaign(tmp_path, request, capsys, seed):
         out, options = request.getfixturevalue("s3_prefix") + "/table", request.getfixturevalue("s3_options")
     else:
         out, options = None, None
-    _report(campaign(tmp_path, seed=seed, kills=15, out=out, options=options, zombie_every=5), capsys)
+    report = campaign(tmp_path, seed=seed, kills=15, out=out, options=options, inputs=45, zombie_every=5)
+    _report(report, capsys)
