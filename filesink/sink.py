@@ -128,6 +128,9 @@ class ExactlyOnceParquetSink:
             with self._state_errors("start-up recovery"):
                 self._recover()
         except BaseException:
+            store = getattr(self, "_store", None)
+            if store is not None:
+                store.close()
             self._state_lock.release()
             raise
         self._closed = False

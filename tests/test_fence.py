@@ -82,3 +82,26 @@ def test_only_the_sinks_temp_files_leave_the_staging_directory(tmp_path, capsys)
     fenced_dir = [p for p in left if p.startswith("fenced-term-")]
     assert len(fenced_dir) == 2 and fenced_dir[1].endswith("/keep-me.txt"), left
     assert "notes.txt" in left and not any(p.endswith(".tmp") for p in left), left
+
+
+def test_a_sink_that_fails_to_start_leaves_its_state_database_closed(tmp_path):
+    import os
+
+    import pytest
+
+    from filesink import SinkOptionError
+
+    def open_files() -> list[str]:
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                continue
+        return [f for f in found if str(tmp_path / "state") in f]
+
+    ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", key_columns=["a"], rollover=RULES).close()
+    assert open_files() == []
+    with pytest.raises(SinkOptionError, match="key_columns"):
+        ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", key_columns=["b"], rollover=RULES)
+    assert open_files() == [], "the failed start closed the database and released the lock"
