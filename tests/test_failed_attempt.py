@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import zombie_writer
 from helpers import process_state
 from sink_helpers import _fs, append_epoch, batch_rows, read_duckdb, read_pyarrow
 
@@ -74,18 +75,9 @@ def test_leftovers_of_a_failed_attempt_go_when_its_retry_commits(tmp_path, reque
     task = sink._file_task(planned, sink._term)
 
     # The first attempt: every object complete, none published, when its executor dies (or stalls).
-    task_file = tmp_path / "task.pickle"
-    task_file.write_bytes(pickle.dumps((sink._output, task)))
     action = "kill" if fate == "killed" else "stop"
-    env = dict(os.environ, **{ENV_VAR: f"filesink.write.publish.before={action}@1"})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WRITER.parent), env.get("PYTHONPATH")]))
-    attempt = subprocess.Popen(
-        [sys.executable, str(WRITER), str(task_file)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    failpoints = f"filesink.write.publish.before={action}@1"
+    attempt = zombie_writer.start(tmp_path / "task.pickle", sink._output, task, failpoints)
     try:
         deadline = time.monotonic() + 60
         while attempt.poll() is None and process_state(attempt.pid) != "T":

@@ -10,16 +10,14 @@ task runs, ``write_file(output, task)``.
 
 from __future__ import annotations
 
-import os
-import pickle
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import zombie_writer
 from helpers import process_state
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
@@ -27,7 +25,6 @@ from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.fencing import PREFIX, TERM_FILE
 from filesink.planner import is_file_name, plan
 from filesink.writer import write_file
-from logstore.failpoints import ENV_VAR
 
 WRITER = Path(__file__).with_name("zombie_writer.py")
 RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)
@@ -92,17 +89,8 @@ def test_paused_writer_is_fenced_after_restart(tmp_path, request, where, trial, 
     victim, other = (old._file_task(f, old._term) for f in files)
     write_file(old._output, other)  # published; the old run dies before committing it
 
-    task_file = tmp_path / "task.pickle"
-    task_file.write_bytes(pickle.dumps((old._output, victim)))
-    env = dict(os.environ, **{ENV_VAR: f"{pause.split('=')[0]}#{victim.name}={pause.split('=')[1]}"})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WRITER.parent), env.get("PYTHONPATH")]))
-    zombie = subprocess.Popen(
-        [sys.executable, str(WRITER), str(task_file)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    failpoints = f"{pause.split('=')[0]}#{victim.name}={pause.split('=')[1]}"
+    zombie = zombie_writer.start(tmp_path / "task.pickle", old._output, victim, failpoints)
     try:
         _wait_stopped(zombie)
         old._state_lock.release()  # the old driver dies: the OS releases its lock and files

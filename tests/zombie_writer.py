@@ -8,11 +8,28 @@ when the file became visible; exit 3 and ``fenced: <message>`` when the writer w
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from filesink.errors import FencedError
 from filesink.writer import write_file
+
+
+def start(task_file: Path, output: Any, task: Any, failpoints: str) -> subprocess.Popen[str]:
+    """Pickle ``(output, task)`` to ``task_file`` and run this script on it with ``failpoints`` configured."""
+    from logstore.failpoints import ENV_VAR
+
+    task_file.write_bytes(pickle.dumps((output, task)))
+    here = Path(__file__)
+    env = dict(os.environ, **{ENV_VAR: failpoints})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here.parent), env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        [sys.executable, str(here), str(task_file)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def main() -> int:
