@@ -28,6 +28,16 @@ class Report:
     def anomalies(self) -> int:
         return self.lost + self.duplicated + self.unexpected + len(self.stray_objects)
 
+    def counts(self) -> dict[str, int]:
+        """The row figures of :meth:`line`, as a dict (for totals over several campaigns)."""
+        return {
+            "rows checked": self.rows,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "unexpected": self.unexpected,
+            "stray objects": len(self.stray_objects),
+        }
+
     def line(self, **figures: object) -> str:
         """One summary line: the given figures (kills, faults by kind, ...), then rows and anomalies."""
         head = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in figures.items())

@@ -164,3 +164,31 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         yield cluster
     finally:
         cluster.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Campaign totals: kill campaigns record their figures in user_properties (which pytest-xdist carries back
+# from its workers); the session ends with one line per campaign and one line of totals.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    campaigns = [
+        value
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", [])
+        if name == "campaign"
+    ]
+    if not campaigns:
+        return
+    terminalreporter.section("kill campaigns")
+    totals: dict[str, int] = {}
+    for figures in sorted(campaigns, key=lambda f: f.get("seed", 0)):
+        terminalreporter.write_line(", ".join(f"{k} {v}" for k, v in figures.items()))
+        for key, value in figures.items():
+            if key != "seed" and isinstance(value, int):
+                totals[key] = totals.get(key, 0) + value
+    head = f"campaigns {len(campaigns)}, " + ", ".join(f"{k} {v}" for k, v in totals.items())
+    terminalreporter.write_line(f"total: {head}")

@@ -158,20 +158,23 @@ def campaign(
     return report
 
 
-def _report(report: Report, capsys: pytest.CaptureFixture[str]) -> None:
+def _report(report: Report, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
     with capsys.disabled():
         print("\n" + report.line(**report.figures))
+    # For the session's closing summary (conftest.py), also from pytest-xdist workers.
+    request.node.user_properties.append(("campaign", {**report.figures, **report.counts()}))
     assert report.anomalies == 0, report.line(**report.figures)
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_with_rescale_and_paused_writers(tmp_path, capsys):
-    _report(campaign(tmp_path, seed=11, kills=16, zombie_every=5), capsys)
+def test_sigkill_at_random_moments_with_rescale_and_paused_writers(tmp_path, capsys, request):
+    _report(campaign(tmp_path, seed=11, kills=16, zombie_every=5), capsys, request)
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_on_s3(tmp_path, s3_prefix, s3_options, capsys):
-    _report(campaign(tmp_path, seed=12, kills=5, out=s3_prefix + "/table", options=s3_options, zombie_every=3), capsys)
+def test_sigkill_at_random_moments_on_s3(tmp_path, s3_prefix, s3_options, capsys, request):
+    report = campaign(tmp_path, seed=12, kills=5, out=s3_prefix + "/table", options=s3_options, zombie_every=3)
+    _report(report, capsys, request)
 
 
 CHAOS_SEEDS = range(100, 120)
@@ -180,10 +183,11 @@ CHAOS_SEEDS = range(100, 120)
 @pytest.mark.chaos
 @pytest.mark.parametrize("seed", CHAOS_SEEDS)
 def test_chaos_campaign(tmp_path, request, capsys, seed):
-    """The on-demand campaign: 20 seeds x 15 kills (every fourth seed on S3), paused writers included."""
+    """The on-demand campaign: 20 seeds x 15 kills (every fourth seed on S3), paused writers included. Run it
+    two seeds at a time (``-n 2``): a restart is mostly Spark's single-threaded start-up."""
     if seed % 4 == 3:
         out, options = request.getfixturevalue("s3_prefix") + "/table", request.getfixturevalue("s3_options")
     else:
         out, options = None, None
     report = campaign(tmp_path, seed=seed, kills=15, out=out, options=options, inputs=45, zombie_every=5)
-    _report(report, capsys)
+    _report(report, capsys, request)
