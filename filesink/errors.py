@@ -37,3 +37,11 @@ class StateDatabaseError(FileSinkError):
 
 class FencedError(FileSinkError):
     """A writer of an older writer term tried to publish a file or change state after the sink restarted."""
+
+
+class InputError(FileSinkError):
+    """The input of ``filesink run`` cannot be read: a missing directory, an unreadable file, mixed schemas."""
+
+
+class StorageAccessError(FileSinkError):
+    """An S3 endpoint cannot be reached, or it rejects the credentials or the bucket."""

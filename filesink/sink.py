@@ -25,6 +25,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,28 @@ def _columns(value: Sequence[str] | None, name: str) -> list[str] | None:
     if VNODE_COLUMN in value:
         raise SinkOptionError(f"{name}: the column name {VNODE_COLUMN!r} is reserved by the sink")
     return list(value)
+
+
+@dataclass
+class SinkStats:
+    """What a sink object did since it was created (for progress displays; not persisted)."""
+
+    batches: int = 0
+    """Micro-batches appended to the log store (replays not counted)."""
+    rows_in: int = 0
+    """Rows appended to the log store."""
+    last_epoch: int = -1
+    """The last epoch sealed (also from earlier runs)."""
+    file_sizes: list[int] = field(default_factory=list)
+    """Sizes in bytes of the files committed, in commit order."""
+
+    @property
+    def files_committed(self) -> int:
+        return len(self.file_sizes)
+
+    @property
+    def bytes_committed(self) -> int:
+        return sum(self.file_sizes)
 
 
 class ExactlyOnceParquetSink:
@@ -123,8 +146,11 @@ class ExactlyOnceParquetSink:
                 staging = str(state / "staging")
             self._output = OutputLocation(self.path, options, staging_dir=staging)
             self._spark: Any = None
+            self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)
             self._epochs_since_sweep = 0
             self._term = 0
+            self.recovered: Any = None
+            """The :class:`recovery.resolve.RecoveryPlan` that start-up recovery carried out."""
             with self._state_errors("start-up recovery"):
                 self._recover()
         except BaseException:
@@ -158,10 +184,20 @@ class ExactlyOnceParquetSink:
                 self._check_schema(df.schema)
                 descriptors = self._append(df, batch_id)
                 self._store.seal(batch_id, descriptors)
+                self.stats.batches += 1
+                self.stats.rows_in += sum(d.rows for d in descriptors)
+                self.stats.last_epoch = batch_id
                 if descriptors and self._state.arrow_schema() is None:
                     self._state.record_schema(self._spark_schema_json(df.schema), _nullable(descriptors[0]))
             self._roll(force=False)
             self._start_timer()
+
+    def check_schema(self, schema: Any) -> None:
+        """Raise :class:`SchemaMismatchError` (or :class:`SinkOptionError`) if batches of the Spark ``schema`` would
+        be refused; a new sink records it as its schema. Lets a job fail before it starts its query."""
+        with self._lock, self._state_errors("schema check"):
+            self._check_usable()
+            self._check_schema(schema)
 
     def flush(self) -> None:
         """Write everything the log store holds now (for example after an available-now run)."""
@@ -302,6 +338,7 @@ class ExactlyOnceParquetSink:
         self._state.commit(files, sizes, idle, self._term)
         if files:
             failpoint("filesink.commit.after")
+            self.stats.file_sizes.extend(sizes[f.name] for f in files)
             self._forget_records(written)
             self._remove_failed_attempts(written)
         self._epochs_since_sweep += 1
@@ -345,6 +382,7 @@ class ExactlyOnceParquetSink:
         )
         assert done.term is not None
         self._term = done.term
+        self.recovered = done
         prepare_staging(self._output, self._term)
 
     # -- idle rollover ---------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""``filesink``: the command line. ``filesink recover status|plan|apply`` inspects and repairs a sink's state
-without Spark (SQLite, pyarrow and s3fs only); ``filesink demo`` runs the example streaming job.
+"""``filesink recover status|plan|apply``: inspects and repairs a sink's state without Spark (SQLite, pyarrow and
+s3fs only). The ``filesink`` command itself is :mod:`filesink.cli`.
 
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
 state directory.
@@ -305,9 +305,8 @@ def run_recover(args: argparse.Namespace) -> int:
         sink.store.close()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="filesink", description="Exactly-once Parquet sink for Spark: tools.")
-    commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+def add_parser(commands: Any) -> None:
+    """Add ``recover status|plan|apply`` to the ``filesink`` command's sub-commands (:mod:`filesink.cli`)."""
     recover = commands.add_parser(
         "recover",
         help="inspect and resolve a sink's state after a crash or before a rescale (no Spark needed)",
@@ -322,14 +321,19 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name, text in helps.items():
         step = steps.add_parser(name, help=text, description=text)
-        step.add_argument("--state-dir", required=True, help="the sink's state directory (holds state.sqlite)")
+        step.add_argument(
+            "--state-dir", required=True, metavar="DIR", help="the sink's state directory (holds state.sqlite)"
+        )
         step.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
         step.add_argument(
+            "--s3-endpoint",
             "--endpoint-url",
+            dest="endpoint_url",
+            metavar="URL",
             help="S3 endpoint URL (MinIO etc.); credentials come from the "
             "standard AWS environment variables or profile, never from flags",
         )
-        step.add_argument("--region", help="S3 region name")
+        step.add_argument("--region", metavar="NAME", help="S3 region name")
         if name == "status":
             step.add_argument(
                 "--parallelism",
@@ -342,24 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="skip reading every held log segment to check it (faster on a large backlog)",
             )
-    demo = commands.add_parser(
-        "demo",
-        help="run the example streaming job on local Spark (see README)",
-        description="Run the example streaming job on local Spark and local directories.",
-    )
-    demo.add_argument("--dir", default="demo-output", help="working directory (default: %(default)s)")
-    demo.add_argument("--files", type=int, default=6, help="input files, one per micro-batch (default: %(default)s)")
-    demo.add_argument("--rows", type=int, default=100_000, help="rows per input file (default: %(default)s)")
-    return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.group == "demo":
-        from filesink.__main__ import demo
-
-        return demo(Path(args.dir), args.files, args.rows)
+def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``filesink recover STEP`` from parsed arguments; errors become a message and an exit code."""
     if getattr(args, "parallelism", None) is not None and args.parallelism < 1:
         parser.error("--parallelism must be at least 1")
     try:
@@ -373,6 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileSinkError, LogStoreError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``filesink`` command (defined in :mod:`filesink.cli`)."""
+    from filesink.cli import main as filesink_main
+
+    return filesink_main(argv)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from cluster import SparkCluster
 from faultproxy import FaultProxy
-from s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
 
+from filesink.s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
 from logstore import LogStore
 
 # ---------------------------------------------------------------------------------------------------------

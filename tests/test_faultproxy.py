@@ -18,7 +18,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, HTTPClientError, ReadTimeoutError
 from conftest import PROXY_READ_TIMEOUT
 from faultproxy import FaultProxy, FaultRule, classify
-from s3server import S3Settings
+
+from filesink.s3server import S3Settings
 
 MIB = 2**20
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import s3fs
-from s3server import (
+
+from filesink.s3server import (
     ENV_ACCESS_KEY,
     ENV_BUCKET,
     ENV_ENDPOINT,

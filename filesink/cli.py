@@ -1,0 +1,220 @@
+"""The ``filesink`` command: ``run`` (the streaming job), ``demo`` (a self-checking example) and ``recover``
+(inspect and repair a sink's state; :mod:`recovery.cli`). The reference is ``docs/cli.md``.
+
+Exit codes: 0 done, 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's state directory
+(``recover`` only), 130 stopped at once by a second Ctrl-C or SIGTERM (``run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import FileSinkError, SinkLockedError
+
+EXIT_FAILED, EXIT_LOCKED = 1, 3
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_TIME_UNITS = {"ms": 0.001, "s": 1, "": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_size(text: str) -> int | None:
+    """``128MiB``, ``1GiB``, ``64MB``, ``1048576`` (bytes) or ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SIZE_UNITS or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 128MiB, 1GiB, 64MB, or off")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_duration(text: str) -> float | None:
+    """``5s``, ``500ms``, ``5m``, ``1h``, ``30`` (seconds) or ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _TIME_UNITS or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 500ms, 5s, 5m, 1h, or off")
+    return float(m.group(1)) * _TIME_UNITS[m.group(2).lower()]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    text = "stream a landing directory of Parquet, JSON or CSV files into exactly-once Parquet files"
+    run = commands.add_parser(
+        "run",
+        help=text,
+        description=text + ". Ctrl-C or SIGTERM stops after the batch in progress; what the log store still "
+        "holds is written by the next run. Exit codes: 0 done or stopped, 1 failed, 2 bad usage, 3 another "
+        "query holds the state directory, 130 stopped at once by a second Ctrl-C.",
+    )
+    run.add_argument("--input", required=True, type=Path, metavar="DIR", help="the landing directory to read")
+    run.add_argument(
+        "--format", default="parquet", choices=["parquet", "json", "csv"], help="input file format (default: parquet)"
+    )
+    run.add_argument("--output", required=True, metavar="URL", help="output directory or s3://bucket/prefix")
+    run.add_argument(
+        "--state-dir",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="the sink's local state directory (state database, log store, checkpoint); one per query",
+    )
+    run.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="COL",
+        help="column that assigns rows to vnodes (repeatable; default: all columns)",
+    )
+    run.add_argument(
+        "--partition-by",
+        action="append",
+        default=[],
+        metavar="COL",
+        help="write Hive-style COL=value directories (repeatable)",
+    )
+    run.add_argument(
+        "--trigger", type=parse_duration, default=5.0, metavar="DURATION", help="micro-batch interval (default: 5s)"
+    )
+    run.add_argument(
+        "--parallelism",
+        type=_positive,
+        metavar="N",
+        help="file writers (and local Spark cores); may change between runs (default: the CPU count)",
+    )
+    run.add_argument(
+        "--target-file-size",
+        type=parse_size,
+        default=128 * 2**20,
+        metavar="SIZE",
+        help="close a file when it reaches about this size, e.g. 64MiB, 1GiB, off (default: 128MiB)",
+    )
+    run.add_argument(
+        "--max-file-age",
+        type=parse_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="close a file once its oldest row waited this long, also when idle; e.g. 30s, 5m, off (default: 5m)",
+    )
+    run.add_argument(
+        "--available-now",
+        action="store_true",
+        help="process the files there now, write every file, and exit 0 (instead of running until stopped)",
+    )
+    run.add_argument(
+        "--s3-endpoint",
+        metavar="URL",
+        help="S3 endpoint for an s3:// output (MinIO, SeaweedFS, ...); credentials come from AWS_ACCESS_KEY_ID "
+        "and AWS_SECRET_ACCESS_KEY or the AWS profile, never from flags",
+    )
+    run.add_argument("--master", metavar="URL", help="Spark master, e.g. spark://host:7077 (default: local Spark)")
+    run.add_argument(
+        "--checkpoint", type=Path, metavar="DIR", help="Spark checkpoint directory (default: STATE_DIR/checkpoint)"
+    )
+    run.add_argument(
+        "--schema",
+        metavar="DDL",
+        help="input schema, e.g. 'id bigint, name string' (default: the sink's, or inferred from the files)",
+    )
+    run.add_argument(
+        "--max-files-per-trigger", type=_positive, metavar="N", help="read at most N new files per micro-batch"
+    )
+
+
+def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    text = (
+        "generate events, stream them through the sink, kill the job once mid-way and restart it, then verify "
+        "with DuckDB that the output holds every input row exactly once"
+    )
+    demo = commands.add_parser("demo", help=text, description=text + ". Exit code 0 when the check passes.")
+    demo.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("demo-output"),
+        help="working directory; the demo's landing, state and output directories in it are emptied first "
+        "(default: demo-output)",
+    )
+    demo.add_argument(
+        "--files", type=_positive, default=12, metavar="N", help="input files, one per micro-batch (default: 12)"
+    )
+    demo.add_argument(
+        "--rows", type=_positive, default=50_000, metavar="N", help="rows per input file (default: 50000)"
+    )
+    demo.add_argument(
+        "--s3", action="store_true", help="write to a SeaweedFS S3 server started for the demo on 127.0.0.1"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from recovery.cli import add_parser as add_recover
+
+    parser = argparse.ArgumentParser(prog="filesink", description="Exactly-once Parquet sink for Spark.")
+    commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+    _add_run(commands)
+    _add_demo(commands)
+    add_recover(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.group == "recover":
+        from recovery.cli import recover
+
+        return recover(args, parser)
+    if args.group == "demo":
+        from .demo import demo
+
+        return demo(args.dir, files=args.files, rows=args.rows, s3=args.s3)
+    if args.target_file_size is None and args.max_file_age is None:
+        parser.error("--target-file-size and --max-file-age cannot both be off: files would never be closed")
+    if args.trigger is None:
+        parser.error("--trigger needs an interval (use --available-now to run once)")
+    from rich.console import Console
+
+    from .run import RunConfig, run
+
+    config = RunConfig(
+        input=args.input.absolute(),
+        format=args.format,
+        output=args.output,
+        state_dir=args.state_dir.absolute(),
+        keys=args.key,
+        partition_by=args.partition_by,
+        trigger_seconds=args.trigger,
+        parallelism=args.parallelism,
+        target_file_size=args.target_file_size,
+        max_file_age=args.max_file_age,
+        available_now=args.available_now,
+        s3_endpoint=args.s3_endpoint,
+        master=args.master,
+        checkpoint=args.checkpoint.absolute() if args.checkpoint else None,
+        schema=args.schema,
+        max_files_per_trigger=args.max_files_per_trigger,
+    )
+    try:
+        return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
+    except SinkLockedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_LOCKED
+    except (FileSinkError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

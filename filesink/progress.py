@@ -1,0 +1,139 @@
+"""Progress of a running sink for ``filesink run``: what it took in, what the log store holds, what it wrote.
+
+:func:`held` reads the state database through a connection of its own (read-only; the database is in WAL
+mode, so this never waits for the sink's transactions). :class:`Progress` shows a live panel on a terminal
+and one line per new epoch otherwise (logs, CI).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from logstore import STATE_DB_NAME
+
+from .sink import SinkStats
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the log store holds that is not yet in committed files."""
+
+    rows: int
+    bytes: int
+    epochs: int
+    first_epoch: int | None
+    last_epoch: int | None
+
+    def describe(self) -> str:
+        if not self.rows:
+            return "nothing"
+        span = (
+            f"epoch {self.first_epoch}"
+            if self.first_epoch == self.last_epoch
+            else (f"epochs {self.first_epoch}-{self.last_epoch}")
+        )
+        return f"{self.rows:,} rows ({size(self.bytes)} of log) from {span}"
+
+
+def held(state_dir: Path) -> Held:
+    """Rows, bytes and epochs held above the vnodes' truncate points (sealed, not yet in committed files)."""
+    db = sqlite3.connect(f"file:{state_dir / STATE_DB_NAME}?mode=ro", uri=True, timeout=30)
+    try:
+        row = db.execute(
+            """
+            SELECT COALESCE(SUM(sv.rows), 0), COALESCE(SUM(sv.bytes), 0), COUNT(DISTINCT sv.epoch),
+                   MIN(sv.epoch), MAX(sv.epoch)
+            FROM log_segment_vnodes sv LEFT JOIN log_vnodes v ON v.vnode = sv.vnode
+            WHERE sv.epoch > COALESCE(v.truncated_epoch, -1)
+            """
+        ).fetchone()
+    finally:
+        db.close()
+    return Held(*row)
+
+
+def size(n: float) -> str:
+    """``n`` bytes in binary units: ``812 B``, ``3.4 KiB``, ``128.0 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def files_line(sizes: list[int]) -> str:
+    if not sizes:
+        return "none yet"
+    median = statistics.median(sizes)
+    return f"{len(sizes)} ({size(sum(sizes))}; median {size(median)}, last {size(sizes[-1])})"
+
+
+class Progress:
+    """Shows a sink's progress on ``console``: a live panel when it is a terminal, else a line per epoch."""
+
+    def __init__(self, console: Any, stats: SinkStats, state_dir: Path, title: str) -> None:
+        self.console = console
+        self.stats = stats
+        self.state_dir = state_dir
+        self.title = title
+        self.started = time.monotonic()
+        self._live: Any = None
+        self._printed_epoch = stats.last_epoch
+        self._printed_files = 0
+
+    def __enter__(self) -> Progress:
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self._live = Live(self._panel(), console=self.console, refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self._panel())
+            self._live.__exit__(*exc)
+
+    def update(self) -> None:
+        """Refresh the panel, or print a line if an epoch or a file was added since the last line."""
+        if self._live is not None:
+            self._live.update(self._panel())
+            return
+        s = self.stats
+        if s.last_epoch != self._printed_epoch or s.files_committed != self._printed_files:
+            self._printed_epoch, self._printed_files = s.last_epoch, s.files_committed
+            self.console.print(self.line(), highlight=False, soft_wrap=True)
+
+    def line(self) -> str:
+        s = self.stats
+        return (
+            f"epoch {s.last_epoch}: {s.rows_in:,} rows in ({s.batches} batches), log backlog "
+            f"{self._held().describe()}, files committed {files_line(s.file_sizes)}"
+        )
+
+    def _held(self) -> Held:
+        try:
+            return held(self.state_dir)
+        except sqlite3.Error:  # the database is busy or not there yet: show nothing rather than fail the job
+            return Held(0, 0, 0, None, None)
+
+    def _panel(self) -> Any:
+        from rich.panel import Panel
+        from rich.table import Table
+
+        s = self.stats
+        h = self._held()
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row("epoch", str(s.last_epoch) if s.last_epoch >= 0 else "-")
+        table.add_row("rows in", f"{s.rows_in:,} in {s.batches} batches")
+        table.add_row("log backlog", h.describe())
+        table.add_row("files committed", files_line(s.file_sizes))
+        table.add_row("running", f"{time.monotonic() - self.started:,.0f} s")
+        return Panel(table, title=self.title, expand=False)

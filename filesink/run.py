@@ -1,0 +1,281 @@
+"""``filesink run``: stream a landing directory of Parquet, JSON or CSV files through the exactly-once sink.
+
+The order of work: check the input directory and any S3 location (seconds, before Spark starts); open the
+sink (takes the state directory's lock and runs recovery); start Spark and learn the input schema (the one
+the sink recorded, for JSON and CSV; the files' own, for Parquet) and compare it with the sink's; start the
+query; show progress until the input is drained (``--available-now``) or a stop is asked for.
+
+Stopping (Ctrl-C or SIGTERM) waits for the batch in progress, stops the query, and says what the log store
+still holds; the next run writes it. A second Ctrl-C ends the process at once, which is safe too: recovery at
+the next start resolves whatever it interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from logstore.storage import is_local
+
+from .errors import FileSinkError, InputError
+from .preflight import check_input, check_s3
+from .progress import Progress, files_line, held
+from .rollover import Rollover
+from .sink import ExactlyOnceParquetSink
+
+EXIT_OK, EXIT_FAILED = 0, 1
+KILL_EXIT = 130
+"""Exit status after a second Ctrl-C or SIGTERM: the process ends without waiting for the batch."""
+
+
+@dataclass
+class RunConfig:
+    """The options of ``filesink run`` (see ``docs/cli.md``)."""
+
+    input: Path
+    format: str
+    output: str
+    state_dir: Path
+    keys: list[str] = field(default_factory=list)
+    partition_by: list[str] = field(default_factory=list)
+    trigger_seconds: float = 5.0
+    parallelism: int | None = None
+    target_file_size: int | None = 128 * 2**20
+    max_file_age: float | None = 300.0
+    available_now: bool = False
+    s3_endpoint: str | None = None
+    master: str | None = None
+    checkpoint: Path | None = None
+    schema: str | None = None
+    max_files_per_trigger: int | None = None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.checkpoint or self.state_dir / "checkpoint"
+
+    def storage_options(self) -> dict[str, Any]:
+        """s3fs options: the endpoint from ``--s3-endpoint``; credentials from the AWS variables or profile."""
+        return {"client_kwargs": {"endpoint_url": self.s3_endpoint}} if self.s3_endpoint else {}
+
+
+class StopRequested(FileSinkError):
+    """A batch was refused because the job is stopping; it runs again at the next start."""
+
+
+class _Batches:
+    """The ``foreachBatch`` function: passes batches to the sink until a stop is asked for, then refuses
+    them (raising, so that Spark does not record the batch as done: it is replayed at the next start)."""
+
+    def __init__(self, sink: ExactlyOnceParquetSink) -> None:
+        self.sink = sink
+        self._lock = threading.Lock()
+        self._active = 0
+        self.stopping = False
+        self.error: BaseException | None = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        with self._lock:
+            if self.stopping:
+                raise StopRequested(f"batch {batch_id} was not started: the job is stopping")
+            self._active += 1
+        try:
+            self.sink(df, batch_id)
+        except BaseException as e:
+            self.error = e
+            raise
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def stop(self) -> None:
+        """Refuse new batches and wait for the one in progress."""
+        with self._lock:
+            self.stopping = True
+        while True:
+            with self._lock:
+                if not self._active:
+                    return
+            time.sleep(0.05)
+
+
+@contextmanager
+def _signals(on_first: Callable[[], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM: the first calls ``on_first``; the second ends the process at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    count = 0
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal count
+        count += 1
+        if count > 1:
+            os._exit(KILL_EXIT)
+        on_first()
+
+    before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def spark_session(config: RunConfig) -> Any:
+    from pyspark.sql import SparkSession
+
+    from .localspark import local_spark
+
+    if config.master is None:
+        return local_spark("filesink-run", cores=config.parallelism or os.cpu_count() or 2)
+    return (
+        SparkSession.builder.master(config.master)
+        .appName("filesink-run")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+
+
+def _reader(spark: Any, config: RunConfig, streaming: bool) -> Any:
+    reader = (spark.readStream if streaming else spark.read).format(config.format)
+    if config.format == "csv":
+        reader = reader.option("header", "true")
+        if not streaming:
+            reader = reader.option("inferSchema", "true")
+    if streaming and config.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
+    return reader
+
+
+def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, have_files: bool) -> Any:
+    """The schema to read the input with: ``--schema``; else, for JSON and CSV, the one the sink recorded (so
+    that a restart reads the files the same way); else the one Spark infers from the files there now."""
+    import json
+
+    if config.schema:
+        return config.schema
+    recorded = sink._state.spark_schema()
+    if recorded and config.format != "parquet":
+        return ", ".join(f"`{name}` {kind}" for name, kind in json.loads(recorded))
+    if not have_files:
+        raise InputError(
+            f"the input directory {config.input} has no files yet to learn the schema from: add one, or give the "
+            "schema with --schema (for example --schema 'id bigint, name string')"
+        )
+    return _reader(spark, config, streaming=False).load(str(config.input)).schema
+
+
+def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> int:
+    """Run the job; returns the exit status. Errors of the sink and of the input are raised as
+    :class:`FileSinkError`; a failed streaming query is reported and returns ``EXIT_FAILED``."""
+    started = time.monotonic()
+    files = check_input(config.input, config.format)
+    options = config.storage_options()
+    if not is_local(config.output):
+        check_s3(config.output, options, "output")
+    rollover = Rollover(target_file_size=config.target_file_size, max_age_seconds=config.max_file_age)
+    sink = ExactlyOnceParquetSink(
+        config.output,
+        config.state_dir,
+        key_columns=config.keys or None,
+        partition_by=config.partition_by or None,
+        parallelism=config.parallelism,
+        rollover=rollover,
+        storage_options=options,
+    )
+    spark = None
+    try:
+        _report_recovery(sink, out)
+        spark = spark_session(config)
+        schema = input_schema(spark, config, sink, bool(files))
+        stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
+        sink.check_schema(stream.schema)
+        batches = _Batches(sink)
+        writer = stream.writeStream.foreachBatch(batches).option("checkpointLocation", str(config.checkpoint_dir))
+        if config.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{config.trigger_seconds} seconds")
+        stop = threading.Event()
+
+        def ask_stop() -> None:
+            stop.set()
+            console.print(
+                "stopping: waiting for the batch in progress (Ctrl-C again stops at once; nothing is lost either way)"
+            )
+
+        with _signals(ask_stop):
+            query = writer.start()
+            failure = _watch(query, batches, stop, Progress(console, sink.stats, config.state_dir, "filesink run"))
+            if failure is not None:
+                return _report_failure(failure, batches, config, out)
+            if not stop.is_set():  # drained (--available-now): write what the log store holds
+                sink.flush()
+        stats = sink.stats
+        out(
+            f"{'stopped' if stop.is_set() else 'done'}: {stats.rows_in:,} rows in {stats.batches} batches; files "
+            f"committed {files_line(stats.file_sizes)}; {time.monotonic() - started:,.1f} s"
+        )
+    finally:
+        sink.close()
+        if spark is not None:
+            spark.stop()
+    h = held(config.state_dir)
+    hint = "; the next run writes it (--available-now drains and flushes)" if h.rows else ""
+    out(f"the log store holds {h.describe()} not yet in files{hint}")
+    return EXIT_OK
+
+
+def _watch(query: Any, batches: _Batches, stop: threading.Event, progress: Progress) -> BaseException | None:
+    """Show progress until the query ends or a stop is asked for; returns the query's error, if it failed."""
+    from pyspark.errors import StreamingQueryException
+
+    with progress:
+        while True:
+            try:
+                if query.awaitTermination(0.5):
+                    break
+            except StreamingQueryException as e:
+                if batches.stopping and isinstance(batches.error, StopRequested):
+                    break
+                return e
+            progress.update()
+            if stop.is_set():
+                batches.stop()
+                query.stop()
+                break
+        progress.update()
+    return None
+
+
+def _report_failure(error: BaseException, batches: _Batches, config: RunConfig, out: Callable[[str], None]) -> int:
+    cause = batches.error
+    if isinstance(cause, FileSinkError):
+        raise cause
+    text = str(getattr(error, "desc", None) or error).strip().splitlines()
+    detail = "\n  ".join(line for line in text[:6] if line.strip())
+    out(
+        f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. Fix the cause "
+        f"(for example move an unreadable file out of {config.input}) and run the same command again: it resumes "
+        "from the checkpoint."
+    )
+    return EXIT_FAILED
+
+
+def _report_recovery(sink: ExactlyOnceParquetSink, out: Callable[[str], None]) -> None:
+    done = sink.recovered
+    if done is None or not done.files:
+        return
+    actions: dict[str, int] = {}
+    for r in done.files:
+        actions[r.action.value] = actions.get(r.action.value, 0) + 1
+    what = ", ".join(f"{n} {a}" for a, n in sorted(actions.items()))
+    out(f"recovery at start: {len(done.files)} files left pending by the last run resolved ({what})")
