@@ -13,13 +13,16 @@ from .errors import (
     FencedError,
     FileSinkError,
     FileWriteError,
+    InputError,
     SchemaMismatchError,
+    SinkFailedError,
     SinkLockedError,
     SinkOptionError,
     StateDatabaseError,
+    StorageAccessError,
 )
 from .rollover import Rollover
-from .sink import ExactlyOnceParquetSink
+from .sink import ExactlyOnceParquetSink, SinkStats
 
 __all__ = [
     "CheckpointMismatchError",
@@ -28,9 +31,13 @@ __all__ = [
     "FencedError",
     "FileSinkError",
     "FileWriteError",
+    "InputError",
     "Rollover",
     "SchemaMismatchError",
+    "SinkFailedError",
     "SinkLockedError",
     "SinkOptionError",
+    "SinkStats",
     "StateDatabaseError",
+    "StorageAccessError",
 ]

@@ -23,6 +23,10 @@ class SinkLockedError(FileSinkError):
     """Another live query holds the sink's state directory."""
 
 
+class SinkFailedError(FileSinkError):
+    """A write of this sink object failed between pre-commit and commit; only a new sink (recovery) may go on."""
+
+
 class CommitConflictError(FileSinkError):
     """A file's state changed under the writer (another writer or recovery got there first)."""
 

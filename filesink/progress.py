@@ -112,7 +112,7 @@ class Progress:
     def line(self) -> str:
         s = self.stats
         return (
-            f"epoch {s.last_epoch}: {s.rows_in:,} rows in ({s.batches} batches), log backlog "
+            f"epoch {s.last_epoch}: {s.rows_in:,} rows in ({_plural(s.batches, 'batch')}), log backlog "
             f"{self._held().describe()}, files committed {files_line(s.file_sizes)}"
         )
 
@@ -132,8 +132,12 @@ class Progress:
         table.add_column(style="bold")
         table.add_column()
         table.add_row("epoch", str(s.last_epoch) if s.last_epoch >= 0 else "-")
-        table.add_row("rows in", f"{s.rows_in:,} in {s.batches} batches")
+        table.add_row("rows in", f"{s.rows_in:,} in {_plural(s.batches, 'batch')}")
         table.add_row("log backlog", h.describe())
         table.add_row("files committed", files_line(s.file_sizes))
         table.add_row("running", f"{time.monotonic() - self.started:,.0f} s")
         return Panel(table, title=self.title, expand=False)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}es" if noun.endswith("ch") else f"{n:,} {noun}s"

@@ -26,7 +26,7 @@ from logstore.storage import is_local
 
 from .errors import FileSinkError, InputError
 from .preflight import check_input, check_s3
-from .progress import Progress, files_line, held
+from .progress import Progress, _plural, files_line, held
 from .rollover import Rollover
 from .sink import ExactlyOnceParquetSink
 
@@ -220,17 +220,20 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
             if not stop.is_set():  # drained (--available-now): write what the log store holds
                 sink.flush()
         stats = sink.stats
+        verb = "stopped" if stop.is_set() else "done"
         out(
-            f"{'stopped' if stop.is_set() else 'done'}: {stats.rows_in:,} rows in {stats.batches} batches; files "
-            f"committed {files_line(stats.file_sizes)}; {time.monotonic() - started:,.1f} s"
+            f"{verb}: {stats.rows_in:,} rows in {_plural(stats.batches, 'batch')}; files committed "
+            f"{files_line(stats.file_sizes)}; {time.monotonic() - started:,.1f} s"
         )
     finally:
         sink.close()
         if spark is not None:
             spark.stop()
     h = held(config.state_dir)
-    hint = "; the next run writes it (--available-now drains and flushes)" if h.rows else ""
-    out(f"the log store holds {h.describe()} not yet in files{hint}")
+    if h.rows:
+        out(f"the log store holds {h.describe()} not yet in files; the next run writes them")
+    else:
+        out("the log store holds nothing that is not in committed files")
     return EXIT_OK
 
 

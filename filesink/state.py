@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import pyarrow as pa
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
@@ -148,8 +149,21 @@ class SinkState:
         return value
 
     def arrow_schema(self) -> bytes | None:
+        """The Arrow schema files are written with (every field nullable). Recorded after the first seal with
+        rows; if a crash came between that seal and the recording (two transactions), it is taken from a held
+        segment now, since a replay of the batch skips its append."""
         value: bytes | None = self.db.execute("SELECT arrow_schema FROM sink_config").fetchone()[0]
+        if value is None:
+            row = self.db.execute("SELECT schema_bytes FROM log_segments ORDER BY epoch, segment_id LIMIT 1").fetchone()
+            if row is not None:
+                value = nullable_schema(row[0])
+                with self.db.atomic():
+                    self.db.execute("UPDATE sink_config SET arrow_schema = COALESCE(arrow_schema, ?)", (value,))
         return value
+
+    def pending_names(self) -> list[str]:
+        """Names of the files pre-committed and not yet resolved (none while a healthy run is between rolls)."""
+        return [r[0] for r in self.db.execute("SELECT name FROM sink_files WHERE state = 'pending' ORDER BY name")]
 
     def record_schema(self, spark_schema: str, arrow_schema: bytes | None) -> None:
         with self.db.atomic():
@@ -295,3 +309,10 @@ class SinkState:
         with self.db.atomic():
             self._check_term(term, f"drop {f.name}")
             self._resolve(f, FileState.DROPPED)
+
+
+def nullable_schema(schema_bytes: bytes) -> bytes:
+    """A segment's serialized Arrow schema with every field nullable: the schema of the sink's files."""
+    schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+    nullable = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+    return bytes(nullable.serialize().to_pybytes())

@@ -17,6 +17,7 @@ from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.sink import _nullable
 from logstore.failpoints import ENV_VAR, FailpointError
 
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "filesink", *args], capture_output=True, text=True, timeout=120)
 

@@ -13,6 +13,7 @@ from filesink import (
     ExactlyOnceParquetSink,
     Rollover,
     SchemaMismatchError,
+    SinkFailedError,
     SinkLockedError,
     SinkOptionError,
 )
@@ -279,3 +280,57 @@ def test_restart_resolves_pending_files_by_visibility(spark, tmp_path, monkeypat
     sink.close()
     assert read_pyarrow(path, None, parts) == expected
     assert read_duckdb(path, None, parts) == expected
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_a_sink_whose_write_failed_refuses_to_go_on(spark, tmp_path, monkeypatch, partitioned):
+    """A write fails after some of its objects were published: its files stay pending. The same sink object
+    must not plan over their vnodes again (that wrote rows twice); a new sink's recovery resolves them."""
+    path = str(tmp_path / "out")
+    partition_by = ["event_date"] if partitioned else None
+    parts = ("event_date",) if partitioned else ()
+
+    def open_sink():
+        return ExactlyOnceParquetSink(
+            path, tmp_path / "state", vnodes=8, parallelism=2, rollover=NO_AGE, partition_by=partition_by
+        )
+
+    sink = open_sink()
+    expected = _run(sink, spark, 2)
+    sink.close()
+    sink = open_sink()  # no Spark session yet: files are written in this process, where the failpoint applies
+    monkeypatch.setattr("logstore.failpoints._hits", {})  # count from here: "@2" is this process's 2nd hit
+    monkeypatch.setenv(ENV_VAR, "filesink.write.publish.before=raise@2")
+    with pytest.raises(FailpointError):
+        sink.flush()
+    monkeypatch.delenv(ENV_VAR)
+    pending = [f.name for f in sink._state.pending()]
+    assert pending and parquet_files(path), "one object was published, the write failed at the second"
+    for attempt in (sink.flush, lambda: sink(batch_df(spark, batch_rows(2, 200)), 2)):
+        with pytest.raises(SinkFailedError, match=pending[0]):
+            attempt()
+    assert sink._store.last_sealed_epoch == 1, "the refused batch was not appended"
+    sink.close()
+    sink = open_sink()
+    expected.update(_run(sink, spark, 1, first=2))
+    sink.flush()
+    sink.close()
+    assert read_pyarrow(path, None, parts) == expected
+
+
+def test_a_crash_between_the_first_seal_and_recording_the_schema(spark, tmp_path, monkeypatch):
+    """The first seal with rows and the recording of the files' schema are two transactions; a crash between
+    them, then a replay of the batch (which skips its append), must still leave the sink able to write."""
+    path = str(tmp_path / "out")
+    sink = ExactlyOnceParquetSink(path, tmp_path / "state", vnodes=8, parallelism=2, rollover=NO_AGE)
+    rows = batch_rows(0, 200)
+    monkeypatch.setenv(ENV_VAR, "logstore.seal.after_commit=raise")
+    with pytest.raises(FailpointError):
+        sink(batch_df(spark, rows), 0)
+    monkeypatch.delenv(ENV_VAR)
+    sink.close()
+    sink = ExactlyOnceParquetSink(path, tmp_path / "state", vnodes=8, parallelism=2, rollover=NO_AGE)
+    sink(batch_df(spark, rows), 0)  # the replay: sealed already, so not appended again
+    sink.flush()
+    sink.close()
+    assert read_pyarrow(path) == Counter(rows)
