@@ -91,7 +91,6 @@ def check_s3(url: str, storage_options: Mapping[str, Any], what: str) -> None:
     config["connect_timeout"] = 5
     options["config_kwargs"] = config
     options["skip_instance_cache"] = True
-    options["retries"] = 1  # s3fs's own retry loop, on top of botocore's
     fs, root = fsspec.core.url_to_fs(url, **options)
     bucket = root.split("/", 1)[0]
     endpoint = (options.get("client_kwargs") or {}).get("endpoint_url") or "AWS S3"

@@ -1,0 +1,248 @@
+"""``filesink run``: the streaming job from the command line, on local Spark, into local directories and S3.
+
+Bad input fails before Spark starts, with a message naming the problem and nothing written; a good run's
+output equals its input exactly; a stop (SIGTERM) is clean and the next run finishes exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
+
+from filesink.cli import parse_duration, parse_size
+from filesink.preflight import input_files
+
+PARTS = ("event_date",)
+
+
+def _write(directory: Path, batch: int, rows: int = 300, fmt: str = "parquet") -> list[tuple]:
+    """One input file of ``batch_rows(batch)`` in ``fmt``; returns its rows."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = batch_rows(batch, rows)
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, zip(*data, strict=True), TYPES, strict=True)})
+    target = directory / f"in-{batch:03d}.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(table, target)
+    elif fmt == "json":
+        target.write_text("".join(json.dumps(dict(zip(COLUMNS, r, strict=True))) + "\n" for r in data))
+    else:
+        target.write_text(",".join(COLUMNS) + "\n" + "".join(",".join(map(str, r)) + "\n" for r in data))
+    return data
+
+
+def filesink(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "filesink", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def _args(tmp_path: Path, *extra: str, output: str | None = None) -> list[str]:
+    return [
+        "run",
+        "--input",
+        str(tmp_path / "in"),
+        "--output",
+        output or str(tmp_path / "out"),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--key",
+        "user_id",
+        "--partition-by",
+        "event_date",
+        "--parallelism",
+        "2",
+        *extra,
+    ]
+
+
+# -- options -------------------------------------------------------------------------------------------------
+
+
+def test_sizes_and_durations():
+    assert parse_size("128MiB") == 128 * 2**20
+    assert parse_size("1GiB") == 2**30
+    assert parse_size("64MB") == 64_000_000
+    assert parse_size("1048576") == 2**20
+    assert parse_size("off") is None
+    assert parse_duration("5s") == 5 and parse_duration("500ms") == 0.5
+    assert parse_duration("5m") == 300 and parse_duration("1h") == 3600 and parse_duration("30") == 30
+    for bad in ("12 parsecs", "-1MiB", "0", "MiB"):
+        with pytest.raises(Exception, match="not a size"):
+            parse_size(bad)
+    with pytest.raises(Exception, match="not a duration"):
+        parse_duration("soon")
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    proc = filesink(*_args(tmp_path, "--target-file-size", "huge"))
+    assert proc.returncode == 2 and "not a size" in proc.stderr
+    proc = filesink(*_args(tmp_path, "--target-file-size", "off", "--max-file-age", "off"))
+    assert proc.returncode == 2 and "cannot both be off" in proc.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_input_files_skip_hidden_and_underscore_names(tmp_path):
+    for name in ("a.parquet", ".b.parquet.tmp", "_SUCCESS", "sub/c.parquet", "_spark_metadata/0", ".hidden/d"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert [p.relative_to(tmp_path).as_posix() for p in input_files(tmp_path)] == ["a.parquet", "sub/c.parquet"]
+
+
+# -- bad input: a clear message, a non-zero exit, nothing written (no Spark is started) ---------------------------
+
+
+def _refused(tmp_path: Path, proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    for word in words:
+        assert word in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "state").exists(), "nothing may be written"
+
+
+def test_missing_input_directory(tmp_path):
+    proc = filesink(*_args(tmp_path))
+    _refused(tmp_path, proc, f"the input directory {tmp_path / 'in'} does not exist")
+
+
+def test_input_that_is_a_file(tmp_path):
+    (tmp_path / "in").write_text("not a directory")
+    _refused(tmp_path, filesink(*_args(tmp_path)), "is a file, not a directory")
+
+
+def test_unreadable_parquet_file(tmp_path):
+    _write(tmp_path / "in", 0)
+    (tmp_path / "in" / "in-001.parquet").write_bytes(b"PAR1 this was cut short")
+    _refused(tmp_path, filesink(*_args(tmp_path)), str(tmp_path / "in" / "in-001.parquet"), "not a readable Parquet")
+
+
+def test_input_files_with_different_schemas(tmp_path):
+    _write(tmp_path / "in", 0)
+    pq.write_table(pa.table({"id": [1], "other": ["x"]}), tmp_path / "in" / "in-001.parquet")
+    proc = filesink(*_args(tmp_path))
+    _refused(tmp_path, proc, "schema mismatch", "in-000.parquet", "in-001.parquet", "other string")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_s3_endpoint(tmp_path):
+    _write(tmp_path / "in", 0)
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    creds = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t-never-printed"}
+    started = time.monotonic()
+    proc = filesink(*_args(tmp_path, "--s3-endpoint", endpoint, output="s3://bucket/table"), env=creds)
+    _refused(tmp_path, proc, f"cannot reach the S3 endpoint {endpoint}", "--s3-endpoint")
+    assert time.monotonic() - started < 60, "an unreachable endpoint must fail fast"
+    assert "s3cr3t-never-printed" not in proc.stderr + proc.stdout
+
+
+def test_wrong_s3_credentials_and_missing_bucket(tmp_path, s3_server):
+    _write(tmp_path / "in", 0)
+    wrong = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": "wrong-secret-never-printed"}
+    output = s3_server.url("table")
+    proc = filesink(*_args(tmp_path, "--s3-endpoint", s3_server.endpoint, output=output), env=wrong)
+    _refused(tmp_path, proc, "refused access", f"access key id {s3_server.access_key[:4]}…", "AWS_SECRET_ACCESS_KEY")
+    assert "wrong-secret-never-printed" not in proc.stderr + proc.stdout
+    assert s3_server.secret_key not in proc.stderr + proc.stdout
+    right = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    args = _args(tmp_path, "--s3-endpoint", s3_server.endpoint, output="s3://no-such-bucket-here/table")
+    _refused(tmp_path, filesink(*args, env=right), "bucket 'no-such-bucket-here' does not exist")
+
+
+# -- runs ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_available_now_then_more_input_then_a_schema_change(tmp_path):
+    expected = Counter(_write(tmp_path / "in", 0) + _write(tmp_path / "in", 1))
+    proc = filesink(*_args(tmp_path, "--available-now", "--max-files-per-trigger", "1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done: 600 rows in 2 batches" in proc.stdout
+    assert "the log store holds nothing" in proc.stdout
+    assert "epoch 1:" in proc.stderr, "progress is shown (a line per epoch when not on a terminal)"
+    assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
+
+    expected.update(_write(tmp_path / "in", 2))  # a file lands later: only it is read by the next run
+    proc = filesink(*_args(tmp_path, "--available-now"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done: 300 rows in 1 batch" in proc.stdout
+    assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
+
+    # The same sink fed files of another schema: refused before the query starts, nothing changes.
+    (tmp_path / "in2").mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "user_id": [3, 4]}), tmp_path / "in2" / "x.parquet")
+    args = _args(tmp_path, "--available-now")
+    args[args.index("--input") + 1] = str(tmp_path / "in2")
+    args += ["--checkpoint", str(tmp_path / "checkpoint2")]
+    proc = filesink(*args)
+    assert proc.returncode == 1 and "schema" in proc.stderr and "event_date (string) is missing" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_json_and_csv_input(tmp_path, fmt):
+    expected = Counter(_write(tmp_path / "in", 0, fmt=fmt) + _write(tmp_path / "in", 1, fmt=fmt))
+    schema = "id bigint, user_id bigint, event_date string, amount double"
+    proc = filesink(*_args(tmp_path, "--format", fmt, "--schema", schema, "--available-now"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
+    # A restart without --schema reads new files with the schema the sink recorded.
+    expected.update(_write(tmp_path / "in", 2, fmt=fmt))
+    proc = filesink(*_args(tmp_path, "--format", fmt, "--available-now"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
+
+
+@pytest.mark.slow
+def test_sigterm_stops_cleanly_and_the_next_run_finishes_exactly_once(tmp_path):
+    expected: Counter = Counter()
+    for b in range(8):
+        expected.update(_write(tmp_path / "in", b))
+    args = _args(tmp_path, "--trigger", "500ms", "--max-files-per-trigger", "1", "--max-file-age", "off")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "filesink", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # wait until two epochs are in
+        if line.startswith("epoch 1:"):
+            break
+    else:
+        pytest.fail(f"no progress line: {proc.communicate()}")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "stopping: waiting for the batch in progress" in err
+    assert out.startswith("stopped: ") and "the log store holds " in out and "not yet in files" in out, out
+    proc = filesink(*_args(tmp_path, "--available-now", "--max-files-per-trigger", "3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
+
+
+@pytest.mark.slow
+def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
+    expected = Counter(_write(tmp_path / "in", 0) + _write(tmp_path / "in", 1))
+    creds = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    output = s3_prefix + "/table"
+    proc = filesink(*_args(tmp_path, "--s3-endpoint", s3_server.endpoint, "--available-now", output=output), env=creds)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_pyarrow(output, s3_options, PARTS) == expected
