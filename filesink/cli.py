@@ -51,6 +51,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE, e.g. spark.driver.memory=4g")
+    return key.strip(), value
+
+
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     text = "stream a landing directory of Parquet, JSON or CSV files into exactly-once Parquet files"
     run = commands.add_parser(
@@ -132,6 +139,14 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument(
         "--max-files-per-trigger", type=_positive, metavar="N", help="read at most N new files per micro-batch"
     )
+    run.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        type=_conf,
+        metavar="KEY=VALUE",
+        help="a Spark configuration setting, e.g. spark.driver.memory=4g (repeatable)",
+    )
 
 
 def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -205,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint=args.checkpoint.absolute() if args.checkpoint else None,
         schema=args.schema,
         max_files_per_trigger=args.max_files_per_trigger,
+        spark_conf=dict(args.conf),
     )
     try:
         return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))

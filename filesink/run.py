@@ -55,6 +55,7 @@ class RunConfig:
     checkpoint: Path | None = None
     schema: str | None = None
     max_files_per_trigger: int | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -134,14 +135,16 @@ def spark_session(config: RunConfig) -> Any:
     from .localspark import local_spark
 
     if config.master is None:
-        return local_spark("filesink-run", cores=config.parallelism or os.cpu_count() or 2)
-    return (
+        return local_spark("filesink-run", cores=config.parallelism or os.cpu_count() or 2, conf=config.spark_conf)
+    builder = (
         SparkSession.builder.master(config.master)
         .appName("filesink-run")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    for key, value in config.spark_conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def _reader(spark: Any, config: RunConfig, streaming: bool) -> Any:
