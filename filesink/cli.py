@@ -127,6 +127,12 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="S3 endpoint for an s3:// output (MinIO, SeaweedFS, ...); credentials come from AWS_ACCESS_KEY_ID "
         "and AWS_SECRET_ACCESS_KEY or the AWS profile, never from flags",
     )
+    run.add_argument(
+        "--log-store",
+        metavar="URL",
+        help="where the log store keeps its segments, e.g. s3://bucket/sink-log, reachable by every executor "
+        "(default: STATE_DIR/log, enough for local Spark)",
+    )
     run.add_argument("--master", metavar="URL", help="Spark master, e.g. spark://host:7077 (default: local Spark)")
     run.add_argument(
         "--checkpoint", type=Path, metavar="DIR", help="Spark checkpoint directory (default: STATE_DIR/checkpoint)"
@@ -221,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schema=args.schema,
         max_files_per_trigger=args.max_files_per_trigger,
         spark_conf=dict(args.conf),
+        log_store=args.log_store,
     )
     try:
         return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))

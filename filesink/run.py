@@ -56,6 +56,7 @@ class RunConfig:
     schema: str | None = None
     max_files_per_trigger: int | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
+    log_store: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -181,13 +182,17 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     :class:`FileSinkError`; a failed streaming query is reported and returns ``EXIT_FAILED``."""
     started = time.monotonic()
     files = check_input(config.input, config.format)
+    config.log_store = config.log_store or _recorded_log_store(config.state_dir)
     options = config.storage_options()
     if not is_local(config.output):
         check_s3(config.output, options, "output")
+    if config.log_store and not is_local(config.log_store):
+        check_s3(config.log_store, options, "log store")
     rollover = Rollover(target_file_size=config.target_file_size, max_age_seconds=config.max_file_age)
     sink = ExactlyOnceParquetSink(
         config.output,
         config.state_dir,
+        log_store=config.log_store,
         key_columns=config.keys or None,
         partition_by=config.partition_by or None,
         parallelism=config.parallelism,
@@ -238,6 +243,26 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     else:
         out("the log store holds nothing that is not in committed files")
     return EXIT_OK
+
+
+def _recorded_log_store(state_dir: Path) -> str | None:
+    """The log store location a sink in ``state_dir`` was created with, so that a restart need not repeat
+    ``--log-store`` (None for a new sink)."""
+    import sqlite3
+
+    from logstore import STATE_DB_NAME
+
+    path = state_dir / STATE_DB_NAME
+    if not path.is_file():
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        row = db.execute("SELECT location FROM log_store").fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+    return str(row[0]) if row else None
 
 
 def _watch(query: Any, batches: _Batches, stop: threading.Event, progress: Progress) -> BaseException | None:

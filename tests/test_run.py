@@ -247,7 +247,17 @@ def test_sigterm_stops_cleanly_and_the_next_run_finishes_exactly_once(tmp_path):
 def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     expected = Counter(_write(tmp_path / "in", 0) + _write(tmp_path / "in", 1))
     creds = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
-    output = s3_prefix + "/table"
-    proc = filesink(*_args(tmp_path, "--s3-endpoint", s3_server.endpoint, "--available-now", output=output), env=creds)
+    output, log = s3_prefix + "/table", s3_prefix + "/log"
+    args = _args(tmp_path, "--s3-endpoint", s3_server.endpoint, "--available-now", output=output)
+    proc = filesink(*args, "--log-store", log, env=creds)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected
+    fs = s3_server.filesystem()
+    assert fs.find(log.removeprefix("s3://")), "the log store is on S3"
+    assert not (tmp_path / "state" / "log").exists()
+    # A restart without --log-store uses the one the sink was created with.
+    expected.update(_write(tmp_path / "in", 2))
+    proc = filesink(*args, env=creds)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_pyarrow(output, s3_options, PARTS) == expected
+    assert not (tmp_path / "state" / "log").exists()
