@@ -13,6 +13,7 @@ the next start resolves whatever it interrupted.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -150,6 +151,8 @@ def spark_session(config: RunConfig) -> Any:
 
 def _reader(spark: Any, config: RunConfig, streaming: bool) -> Any:
     reader = (spark.readStream if streaming else spark.read).format(config.format)
+    if config.format != "parquet":  # a malformed line fails its batch, instead of becoming a row of nulls
+        reader = reader.option("mode", "FAILFAST")
     if config.format == "csv":
         reader = reader.option("header", "true")
         if not streaming:
@@ -203,6 +206,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     try:
         _report_recovery(sink, out)
         spark = spark_session(config)
+        spark.sparkContext.setLogLevel("FATAL")  # failures are reported below, without Spark's stack traces
         schema = input_schema(spark, config, sink, bool(files))
         stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         sink.check_schema(stream.schema)
@@ -291,14 +295,34 @@ def _report_failure(error: BaseException, batches: _Batches, config: RunConfig, 
     cause = batches.error
     if isinstance(cause, FileSinkError):
         raise cause
-    text = str(getattr(error, "desc", None) or error).strip().splitlines()
-    detail = "\n  ".join(line for line in text[:6] if line.strip())
+    detail = "\n  ".join(spark_error_summary(cause if cause is not None else error))
     out(
         f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. Fix the cause "
-        f"(for example move an unreadable file out of {config.input}) and run the same command again: it resumes "
-        "from the checkpoint."
+        f"(for example replace a malformed file in {config.input} with a corrected copy of the same name) and run "
+        "the same command again: it resumes with that batch."
     )
     return EXIT_FAILED
+
+
+WRAPPERS = ("STREAM_FAILED", "FOREACH_BATCH_USER_FUNCTION_ERROR")
+
+
+def spark_error_summary(error: BaseException, limit: int = 4) -> list[str]:
+    """The lines of a Spark error that say what went wrong (error classes such as ``[FAILED_READ_FILE...]`` with
+    the file, and the ``Caused by:`` chain), without stack frames, Python tracebacks or query wrappers."""
+    picked: list[str] = []
+    for raw in str(error).splitlines():
+        line = raw.strip().removeprefix("Caused by: ").removeprefix(": ")
+        m = re.search(r"\[[A-Z][A-Z_.]+\] .*", line)
+        if m:
+            line = m.group(0)
+        elif not re.match(r"[\w.$]+(Exception|Error): ", line):
+            continue
+        line = re.sub(r"^(org\.apache\.spark\.)?SparkException: ", "", line)
+        if any(f"[{w}" in line for w in WRAPPERS) or line in picked:
+            continue
+        picked.append(line)
+    return picked[:limit] or [str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__]
 
 
 def _report_recovery(sink: ExactlyOnceParquetSink, out: Callable[[str], None]) -> None:

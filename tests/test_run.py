@@ -261,3 +261,24 @@ def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected
     assert not (tmp_path / "state" / "log").exists()
+
+
+@pytest.mark.slow
+def test_a_malformed_json_line_fails_the_batch_and_a_fixed_file_resumes(tmp_path):
+    expected = Counter(_write(tmp_path / "in", 0, fmt="json") + _write(tmp_path / "in", 1, fmt="json"))
+    bad = tmp_path / "in" / "in-001.json"
+    good = bad.read_text()
+    bad.write_text(good.replace("}\n", "}\n{not json\n", 1))
+    schema = "id bigint, user_id bigint, event_date string, amount double"
+    proc = filesink(*_args(tmp_path, "--format", "json", "--schema", schema, "--available-now"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: the streaming query failed" in proc.stdout + proc.stderr
+    assert "Nothing of the failed batch was committed" in proc.stdout + proc.stderr
+    assert f"Encountered error while reading file file://{bad}" in proc.stdout, proc.stdout
+    assert "Malformed records" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    assert not list(out.rglob("*.parquet")), "no row of a failed batch is visible"
+    bad.write_text(good)
+    proc = filesink(*_args(tmp_path, "--format", "json", "--available-now"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_pyarrow(str(out), None, PARTS) == expected
