@@ -1,0 +1,70 @@
+"""The progress ``filesink run`` shows: the log backlog read from the state database beside the live sink,
+and the files the sink committed; a live panel on a terminal, one line per new epoch otherwise."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from sink_helpers import append_epoch, batch_rows
+
+from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.progress import Progress, held, size
+
+
+def _sink(tmp_path):
+    rollover = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
+    return ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", vnodes=8, parallelism=2, rollover=rollover)
+
+
+def test_backlog_and_files_as_a_line_per_epoch(tmp_path):
+    sink = _sink(tmp_path)
+    buffer = io.StringIO()
+    progress = Progress(Console(file=buffer, force_terminal=False, width=200), sink.stats, sink.state_dir, "t")
+    assert held(sink.state_dir).rows == 0
+    with progress:
+        progress.update()
+        assert buffer.getvalue() == "", "nothing new, no line"
+        for epoch in (0, 1):
+            append_epoch(sink, epoch, batch_rows(epoch, 300))
+            sink.stats.last_epoch, sink.stats.batches, sink.stats.rows_in = epoch, epoch + 1, 300 * (epoch + 1)
+        h = held(sink.state_dir)
+        assert (h.rows, h.epochs, h.first_epoch, h.last_epoch) == (600, 2, 0, 1)
+        progress.update()
+        progress.update()
+        sink.flush()
+        progress.update()
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("epoch 1: 600 rows in (2 batches), log backlog 600 rows (")
+    assert "from epochs 0-1, files committed none yet" in lines[0]
+    committed = sink.stats.file_sizes
+    assert len(committed) == 2 and all(s > 0 for s in committed)
+    assert lines[1].endswith(
+        f"log backlog nothing, files committed 2 ({size(sum(committed))}; median "
+        f"{size(sum(committed) / 2)}, last {size(committed[-1])})"
+    )
+    assert held(sink.state_dir).rows == 0
+    sink.close()
+
+
+def test_a_live_panel_on_a_terminal(tmp_path):
+    sink = _sink(tmp_path)
+    append_epoch(sink, 0, batch_rows(0, 250))
+    sink.stats.last_epoch, sink.stats.batches, sink.stats.rows_in = 0, 1, 250
+    buffer = io.StringIO()
+    with Progress(Console(file=buffer, force_terminal=True, width=120), sink.stats, sink.state_dir, "job") as p:
+        p.update()
+    text = buffer.getvalue()
+    for expected in ("job", "epoch", "rows in", "250 in 1 batch", "log backlog", "250 rows", "files committed"):
+        assert expected in text, text
+    sink.close()
+
+
+def test_sizes():
+    assert [size(812), size(3.4 * 1024), size(128 * 2**20), size(3 * 2**30)] == [
+        "812 B",
+        "3.4 KiB",
+        "128.0 MiB",
+        "3.0 GiB",
+    ]
