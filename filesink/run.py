@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -64,8 +65,16 @@ class RunConfig:
         return self.checkpoint or self.state_dir / "checkpoint"
 
     def storage_options(self) -> dict[str, Any]:
-        """s3fs options: the endpoint from ``--s3-endpoint``; credentials from the AWS variables or profile."""
-        return {"client_kwargs": {"endpoint_url": self.s3_endpoint}} if self.s3_endpoint else {}
+        """s3fs options: the endpoint from ``--s3-endpoint``; credentials from the AWS variables or profile.
+        Credentials set in this process's environment are passed on explicitly, so that executors on other
+        machines (``--master``), which append to and read from the log store, use the same ones."""
+        options: dict[str, Any] = {"client_kwargs": {"endpoint_url": self.s3_endpoint}} if self.s3_endpoint else {}
+        key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if key and secret:
+            options.update(key=key, secret=secret)
+            if os.environ.get("AWS_SESSION_TOKEN"):
+                options["token"] = os.environ["AWS_SESSION_TOKEN"]
+        return options
 
 
 class StopRequested(FileSinkError):
@@ -136,6 +145,7 @@ def spark_session(config: RunConfig) -> Any:
 
     from .localspark import local_spark
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this Python, with this package
     if config.master is None:
         return local_spark("filesink-run", cores=config.parallelism or os.cpu_count() or 2, conf=config.spark_conf)
     builder = (

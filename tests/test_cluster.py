@@ -174,3 +174,37 @@ def test_a_cluster_that_does_not_come_up_reports_its_logs(tmp_path):
     assert "--memory lots" in message, "the command line"
     assert "Usage: Worker" in message and "Starting Spark master" in message, "the daemons' logs"
     assert cluster.pids() == [], "the master and the other worker are stopped"
+
+
+@pytest.mark.slow
+def test_filesink_run_on_the_cluster(spark_cluster, tmp_path, s3_server, s3_prefix, s3_options):
+    """``filesink run --master spark://...``: the executors append to the log store on S3 and write the files;
+    credentials reach them with the storage options (the executors' environment has none)."""
+    cluster = spark_cluster
+    (tmp_path / "input").mkdir()
+    expected: Counter = Counter()
+    for b in range(3):
+        rows = batch_rows(b, ROWS, seed=37)
+        expected.update(rows)
+        pq.write_table(
+            pa.table(dict(zip(COLUMNS, zip(*rows, strict=True), strict=True))), tmp_path / "input" / f"{b}.parquet"
+        )
+    out, log = s3_prefix + "/table", s3_prefix + "/log"
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, DIR_VAR)}
+    env.update(AWS_ACCESS_KEY_ID=s3_server.access_key, AWS_SECRET_ACCESS_KEY=s3_server.secret_key)
+    args = ["run", "--master", cluster.master_url, "--input", str(tmp_path / "input"), "--output", out]
+    args += ["--log-store", log, "--state-dir", str(tmp_path / "state"), "--s3-endpoint", s3_server.endpoint]
+    args += ["--key", "user_id", "--parallelism", "2", "--available-now", "--max-files-per-trigger", "1"]
+    for conf in ("spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.ui.enabled=false"):
+        args += ["--conf", conf]
+    args += ["--conf", "spark.executor.cores=1", "--conf", "spark.executor.memory=512m"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "filesink", *args], env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "done: 900 rows in 3 batches" in proc.stdout, proc.stdout
+    assert read_pyarrow(out, s3_options) == expected
+    assert read_duckdb(out, s3_options) == expected
+    logs = [p.read_text(errors="replace") for p in cluster.workdir.glob("worker-*/app-*/*/stderr")]
+    ran = [text for text in logs if re.search(r"Running task \d+\.\d+", text)]
+    assert len(ran) == 2, "both workers' executors ran tasks of the job"
