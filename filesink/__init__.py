@@ -18,6 +18,7 @@ from .errors import (
     SinkFailedError,
     SinkLockedError,
     SinkOptionError,
+    SparkMasterError,
     StateDatabaseError,
     StorageAccessError,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "SinkLockedError",
     "SinkOptionError",
     "SinkStats",
+    "SparkMasterError",
     "StateDatabaseError",
     "StorageAccessError",
 ]

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from logstore import LogStoreError
+
 from .errors import FileSinkError, SinkLockedError
 
 EXIT_FAILED, EXIT_LOCKED = 1, 3
@@ -234,8 +236,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SinkLockedError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_LOCKED
-    except (FileSinkError, OSError) as e:
+    except (FileSinkError, LogStoreError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as e:
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+
+        if not isinstance(e, PySparkException | Py4JError):
+            raise
+        from .run import spark_error_summary
+
+        lines = "\n  ".join(spark_error_summary(e))
+        print(f"error: Spark failed:\n  {lines}\nCheck --master and the --conf settings.", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -49,3 +49,7 @@ class InputError(FileSinkError):
 
 class StorageAccessError(FileSinkError):
     """An S3 endpoint cannot be reached, or it rejects the credentials or the bucket."""
+
+
+class SparkMasterError(FileSinkError):
+    """The Spark master given with ``--master`` cannot be reached."""

@@ -4,6 +4,7 @@ names the file, directory or endpoint, and before anything is written.
 - :func:`check_input`: the landing directory exists and each file in it can be read; Parquet footers are read
   and their schemas compared with each other.
 - :func:`check_s3`: an ``s3://`` location's endpoint answers, accepts the credentials and has the bucket.
+- :func:`check_master`: a ``spark://`` master accepts connections.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, StorageAccessError
+from .errors import InputError, SparkMasterError, StorageAccessError
 
 FORMATS = ("parquet", "json", "csv")
 
@@ -123,3 +124,25 @@ def check_s3(url: str, storage_options: Mapping[str, Any], what: str) -> None:
 def _short(error: BaseException, secret: str) -> str:
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     return text.replace(secret, "***") if secret else text
+
+
+def check_master(url: str, timeout: float = 5.0) -> None:
+    """Raise :class:`SparkMasterError` unless some master of a ``spark://host:port[,host:port]`` URL accepts a
+    TCP connection (other masters, such as ``local[4]`` or ``yarn``, are left to Spark)."""
+    import socket
+
+    if not url.startswith("spark://"):
+        return
+    problems = []
+    for address in url.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise SparkMasterError(f"--master {url}: {address!r} is not host:port (e.g. spark://master-host:7077)")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+            return
+        except OSError as e:
+            problems.append(f"{address}: {e.strerror or e}")
+    raise SparkMasterError(
+        f"cannot reach the Spark master {url} ({'; '.join(problems)}). Check --master and that the master is running."
+    )

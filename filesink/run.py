@@ -27,7 +27,7 @@ from typing import Any
 from logstore.storage import is_local
 
 from .errors import FileSinkError, InputError
-from .preflight import check_input, check_s3
+from .preflight import check_input, check_master, check_s3
 from .progress import Progress, _plural, files_line, held
 from .rollover import Rollover
 from .sink import ExactlyOnceParquetSink
@@ -201,6 +201,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         check_s3(config.output, options, "output")
     if config.log_store and not is_local(config.log_store):
         check_s3(config.log_store, options, "log store")
+    if config.master:
+        check_master(config.master)
     rollover = Rollover(target_file_size=config.target_file_size, max_age_seconds=config.max_file_age)
     sink = ExactlyOnceParquetSink(
         config.output,

@@ -158,6 +158,13 @@ def test_unreachable_s3_endpoint(tmp_path):
     assert "s3cr3t-never-printed" not in proc.stderr + proc.stdout
 
 
+def test_unreachable_spark_master(tmp_path):
+    _write(tmp_path / "in", 0)
+    port = _closed_port()
+    proc = filesink(*_args(tmp_path, "--master", f"spark://127.0.0.1:{port}"))
+    _refused(tmp_path, proc, f"cannot reach the Spark master spark://127.0.0.1:{port}", "--master")
+
+
 def test_wrong_s3_credentials_and_missing_bucket(tmp_path, s3_server):
     _write(tmp_path / "in", 0)
     wrong = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": "wrong-secret-never-printed"}
