@@ -1,0 +1,744 @@
+"""Our sink next to Spark's own Parquet sink and a Delta sink, side by side in one run.
+
+Not a test (pytest does not collect it). Run from the repository root with the project and its ``bench`` extra
+installed::
+
+    python tests/benchmarks/bench_sinks.py                 # 10,000,000 rows, 10,000 epochs of history
+    python tests/benchmarks/bench_sinks.py --quick         # 200,000 rows, 200 epochs of history: a smoke run
+
+It generates the input (Parquet files), streams it with the same trigger and parallelism through Spark's
+Parquet sink, ``foreachBatch`` + ``write_deltalake`` (with an application transaction per batch), our sink
+to a local directory and our sink to S3 (a SeaweedFS server the script starts), each in its own process
+with its own local Spark; then it measures restart time and state size against history, peak writer memory
+against target file size, and the file count at 1-second triggers. It prints one table and writes it, with
+the machine and versions, between the markers of ``docs/benchmarks.md`` (``--report``), with a plot
+(``--plot``). Every figure is measured in the run; no goal is asserted. See ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bench_sinks_data as data
+import bench_sinks_monitor as monitor
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+MiB = 2**20
+MB = 1e6
+FULL_ROWS = 10_000_000
+QUICK_ROWS = 200_000
+FULL_TARGET = 16 * MiB
+"""Target file size of our sink in the side-by-side runs, with 100,000-row input files (smaller runs have smaller
+input files, and the target shrinks with them)."""
+MAX_AGE_SECONDS = 60.0
+PARALLELISM = 2
+FILES_PER_BATCH = 2
+POLL_SECONDS = 0.1
+LOAD_WARNING = 2.5
+BEGIN_MARK = "<!-- bench_sinks: begin (written by tests/benchmarks/bench_sinks.py) -->"
+END_MARK = "<!-- bench_sinks: end -->"
+
+# Goals of the issue, reported (never asserted).
+GOAL_THROUGHPUT = 1.0
+GOAL_FEWER_FILES = 10.0
+GOAL_IN_BAND = 0.9
+GOAL_RESTART = 1.2
+GOAL_STATE = 1.1
+GOAL_WRITER_MEMORY = 1.1
+
+
+# -- running one job -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SinkRun:
+    """The measured figures of one streaming job."""
+
+    label: str
+    kind: str
+    rows: int
+    seconds: float
+    files: list[int]
+    latencies: list[float]
+    memory: monitor.MemoryPeaks
+    batches: int
+    rows_out: int
+    size_rolled: list[int] = field(default_factory=list)
+    """Our sink: sizes of the files rolled by the size rule."""
+    size_rolled_later: list[int] = field(default_factory=list)
+    """The same without each writer's first file (written before the sink learned its Parquet/log ratio)."""
+    rollover: dict[str, Any] = field(default_factory=dict)
+    load: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def _percentile(values: list[float] | list[int], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _run_child(args: list[str], log: Path) -> subprocess.Popen[str]:
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=out, text=True, start_new_session=True
+        )
+
+
+def _fail(what: str, log: Path) -> SystemExit:
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
+    return SystemExit(f"{what} failed; the end of its log {log}:\n{tail}")
+
+
+class Output:
+    """An output location as a reader sees it: a local directory or an S3 prefix."""
+
+    def __init__(self, url: str, s3: Any = None) -> None:
+        self.url = url
+        self.fs = s3.filesystem() if s3 is not None else None
+
+    def _strip(self, url: str) -> str:
+        return url.removeprefix("s3://")
+
+    def lister(self, sub: str = "") -> Any:
+        if self.fs is None:
+            return monitor.local_lister(Path(self.url) / sub)
+        path = self._strip(f"{self.url}/{sub}" if sub else self.url)
+        fs = self.fs
+
+        def names() -> list[str]:
+            return [p.rsplit("/", 1)[-1] for p in fs.ls(path, refresh=True, detail=False)]
+
+        return names
+
+    def parquet_files(self) -> dict[str, int]:
+        """Relative key -> size of every Parquet file, outside ``_``/``.`` directories (Spark's and Delta's logs)."""
+        found: dict[str, int] = {}
+        if self.fs is None:
+            root = Path(self.url)
+            for path in root.rglob("*.parquet"):
+                rel = path.relative_to(root)
+                if not any(part.startswith(("_", ".")) for part in rel.parts):
+                    found[str(rel)] = path.stat().st_size
+            return found
+        prefix = self._strip(self.url)
+        for key, info in self.fs.find(prefix, detail=True).items():
+            if key.endswith(".parquet"):
+                found[key[len(prefix) + 1 :]] = int(info["size"])
+        return found
+
+    def rows(self, keys: list[str]) -> int:
+        import pyarrow.parquet as pq
+
+        total = 0
+        for key in keys:
+            if self.fs is None:
+                total += pq.read_metadata(Path(self.url) / key).num_rows
+            else:
+                with self.fs.open(f"{self._strip(self.url)}/{key}", "rb") as f:
+                    total += pq.ParquetFile(f).metadata.num_rows
+        return total
+
+
+def _parse_ts(text: str) -> float:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _batch_latencies(kind: str, result: dict[str, Any], seen: dict[str, float], output: Output) -> list[float]:
+    """Per batch with rows: seconds from the batch's end to the moment a poller saw its rows (see the docs)."""
+    rows_of = {p["batch"]: p["rows"] for p in result["progress"]}
+    visible: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    if kind == "spark":
+        # The batch ends when its trigger does; its rows are visible to Spark readers once _spark_metadata/<id> is.
+        for p in result["progress"]:
+            ends[p["batch"]] = _parse_ts(p["timestamp"]) + p["durations_ms"].get("triggerExecution", 0) / 1000
+        for name, at in seen.items():
+            head = name.split(".")[0]
+            if head.isdigit():
+                visible[int(head)] = min(at, visible.get(int(head), at))
+    else:
+        ends = {e["batch"]: e["end"] for e in result["ends"] if not e.get("skipped")}
+    if kind == "delta":
+        log_dir = Path(output.url) / "_delta_log"
+        for name, at in seen.items():
+            if not name.endswith(".json"):
+                continue
+            for line in (log_dir / name).read_text().splitlines():
+                txn = json.loads(line).get("txn")
+                if txn is not None:
+                    visible[int(txn["version"])] = at
+    if kind == "ours":
+        # A batch's rows are visible once every writer (vnode range) has a file whose end epoch is at or past it.
+        by_writer: dict[str, list[tuple[int, float]]] = {}
+        for name, at in seen.items():
+            parts = name.removesuffix(".parquet").split("-")
+            if len(parts) == 7 and parts[0] == "part":
+                by_writer.setdefault(f"{parts[4]}-{parts[5]}", []).append((int(parts[3]), at))
+        for batch in ends:
+            times = [min((t for end, t in files if end >= batch), default=None) for files in by_writer.values()]
+            if times and all(t is not None for t in times):
+                visible[batch] = max(t for t in times if t is not None)
+    return [visible[b] - ends[b] for b in sorted(ends) if rows_of.get(b, 0) > 0 and b in visible]
+
+
+def run_sink(
+    label: str,
+    kind: str,
+    work: Path,
+    input_dir: Path,
+    rows: int,
+    *,
+    output: Output,
+    trigger_seconds: float | None,
+    files_per_batch: int,
+    rollover: dict[str, Any],
+    s3: Any = None,
+) -> SinkRun:
+    """Run one streaming job in a child process while this process samples its memory and lists its output."""
+    job = work / slug(label)
+    shutil.rmtree(job, ignore_errors=True)
+    job.mkdir(parents=True)
+    spec = {
+        "name": label,
+        "kind": kind,
+        "input": str(input_dir),
+        "output": output.url,
+        "checkpoint": str(job / "checkpoint"),
+        "state": str(job / "state"),
+        "rows": rows,
+        "parallelism": PARALLELISM,
+        "max_files_per_trigger": files_per_batch,
+        "trigger_seconds": trigger_seconds,
+        "rollover": rollover,
+        "storage_options": s3.storage_options() if s3 is not None else None,
+    }
+    spec_path = job / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    sub = {"spark": "_spark_metadata", "delta": "_delta_log", "ours": ""}[kind]
+    log = job / "job.log"
+    load_before = os.getloadavg()[0]
+    child = _run_child([str(HERE / "bench_sinks_jobs.py"), str(spec_path)], log)
+    with monitor.MemorySampler(child.pid) as sampler, monitor.Poller(output.lister(sub), POLL_SECONDS) as poller:
+        child.wait()
+    if child.returncode != 0:
+        raise _fail(f"the {label} job", log)
+    result = json.loads(spec_path.with_suffix(".result.json").read_text())
+    files = output.parquet_files()
+    rows_out = output.rows(list(files))
+    memory = sampler.peaks
+    memory.driver_python = max(memory.driver_python, int(result["driver_python_maxrss"]))
+    run = SinkRun(
+        label=label,
+        kind=kind,
+        rows=rows,
+        seconds=result["t_end"] - result["t_start"],
+        files=sorted(files.values()),
+        latencies=_batch_latencies(kind, result, poller.seen.first_seen, output),
+        memory=memory,
+        batches=sum(1 for p in result["progress"] if p["rows"] > 0),
+        rows_out=rows_out,
+        load=(load_before, os.getloadavg()[0]),
+        rollover=rollover,
+    )
+    if kind == "ours":
+        sizes = {key.rsplit("/", 1)[-1].removesuffix(".parquet"): size for key, size in files.items()}
+        firsts: dict[str, str] = {}
+        for n in sorted(sizes, key=lambda n: n.split("-")[3]):  # by end epoch
+            firsts.setdefault("-".join(n.split("-")[4:6]), n)
+        rolled = [n for n, reason in result["reasons"].items() if reason == "size" and n in sizes]
+        run.size_rolled = [sizes[n] for n in rolled]
+        run.size_rolled_later = [sizes[n] for n in rolled if n not in firsts.values()]
+    if rows_out != rows:
+        print(f"  WARNING: {label}: the output holds {rows_out:,} rows, the input {rows:,}")
+    print(
+        f"  {label}: {run.rows_per_second:,.0f} rows/s, {len(run.files)} files, {run.batches} batches, "
+        f"{run.seconds:.1f} s (load {run.load[0]:.1f} -> {run.load[1]:.1f})",
+        flush=True,
+    )
+    return run
+
+
+# -- history, restart and writer memory (bench_sinks_direct.py) ------------------------------------------
+
+
+def _direct(args: list[str], log: Path) -> subprocess.Popen[str]:
+    return _run_child([str(HERE / "bench_sinks_direct.py"), *args], log)
+
+
+def _read_json_line(child: subprocess.Popen[str], key: str, log: Path) -> dict[str, Any]:
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("{"):
+            value: dict[str, Any] = json.loads(line)
+            if key in value:
+                return value
+    raise _fail(f"child {child.args!r}", log)
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+@dataclass
+class History:
+    epochs: int
+    build_seconds: float
+    restarts: list[float]
+    recovered: list[int]
+    state_bytes: int
+    state_used: int
+
+
+def history_run(work: Path, epochs: int, rows_per_epoch: int, restarts: int = 3) -> History:
+    """Build ``epochs`` of history, SIGKILL the sink in the middle of the next epoch, then time ``restarts``
+    start-ups (each also killed after one more epoch), then open and close it cleanly and size its database."""
+    job = work / f"history-{epochs}"
+    shutil.rmtree(job, ignore_errors=True)
+    job.mkdir(parents=True)
+    state, out, log = str(job / "state"), str(job / "out"), job / "history.log"
+    child = _direct(["history", state, out, str(epochs), str(rows_per_epoch)], log)
+    built = _read_json_line(child, "done", log)
+    _kill(child)  # in the middle of the next epoch
+    times: list[float] = []
+    recovered: list[int] = []
+    for i in range(restarts):
+        rlog = job / f"restart-{i}.log"
+        child = _direct(["restart", state, out], rlog)
+        started = _read_json_line(child, "start_seconds", rlog)
+        _read_json_line(child, "ready", rlog)
+        _kill(child)
+        times.append(started["start_seconds"])
+        recovered.append(started["recovered_files"])
+    slog = job / "size.log"
+    child = _direct(["size", state, out], slog)
+    sized = _read_json_line(child, "file_bytes", slog)
+    child.wait()
+    result = History(
+        epochs,
+        built["seconds"],
+        times,
+        recovered,
+        sized["file_bytes"] + sized["wal_bytes"],
+        sized["used_bytes"],
+    )
+    print(
+        f"  history {epochs:,} epochs: built in {result.build_seconds:.0f} s; start-up after SIGKILL "
+        f"{', '.join(f'{t:.3f}' for t in times)} s; state database {result.state_bytes:,} bytes",
+        flush=True,
+    )
+    return result
+
+
+@dataclass
+class WriterMemory:
+    target: int
+    files: list[dict[str, Any]]
+
+    @property
+    def peak(self) -> int:
+        return max(int(f["rss_peak"]) for f in self.files)
+
+    @property
+    def largest_file(self) -> int:
+        return max(int(f["bytes"]) for f in self.files)
+
+
+def writer_memory(work: Path, target: int, inputs: list[Path]) -> WriterMemory:
+    job = work / f"writer-{target // MiB}MiB"
+    shutil.rmtree(job, ignore_errors=True)
+    job.mkdir(parents=True)
+    log = job / "writer.log"
+    child = _direct(["writer", str(job / "state"), str(job / "out"), str(target), *map(str, inputs)], log)
+    measured = _read_json_line(child, "files", log)
+    child.wait()
+    result = WriterMemory(target, measured["files"])
+    print(
+        f"  writer, target {target // MiB} MiB: {len(result.files)} files, largest {result.largest_file / MB:.1f} MB, "
+        f"peak writer RSS {result.peak / MB:.0f} MB",
+        flush=True,
+    )
+    return result
+
+
+# -- environment -----------------------------------------------------------------------------------------
+
+
+def _command_version(args: list[str]) -> str:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    text = (done.stdout + done.stderr).strip().splitlines()
+    return text[0] if text else "unknown"
+
+
+def machine() -> dict[str, str]:
+    import deltalake
+    import pyarrow
+    import pyspark
+
+    from filesink.s3server import find_weed
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "cpu": f"{os.cpu_count()} x {cpu}",
+        "memory": f"{memory / 2**30:.0f} GiB",
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "java": _command_version(["java", "-version"]),
+        "pyarrow": pyarrow.__version__,
+        "deltalake": deltalake.__version__,
+        "seaweedfs": _command_version([find_weed(), "version"]),
+    }
+
+
+# -- report ----------------------------------------------------------------------------------------------
+
+
+def _mb(n: float) -> str:
+    return f"{n / MB:,.1f}"
+
+
+def _seconds(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.2f} / {_percentile(values, 0.9):.2f} / {max(values):.2f}"
+
+
+def _load_note(load: tuple[float, float]) -> str:
+    return f"{load[0]:.1f} → {load[1]:.1f}" + (" ⚠" if max(load) > LOAD_WARNING else "")
+
+
+def _rollover_text(run: SinkRun) -> str:
+    if run.kind != "ours":
+        return ""
+    if not run.rollover:
+        return ", `Rollover()` (128 MiB, 300 s)"
+    parts = [f"{k}={v / MiB:g} MiB" if k == "target_file_size" else f"{k}={v:g}" for k, v in run.rollover.items()]
+    return f", `Rollover({', '.join(parts)})`"
+
+
+def main_table(runs: list[SinkRun]) -> list[str]:
+    base = runs[0].rows_per_second
+    lines = [
+        "| sink | rows/s | vs (1) | files | file MB p10 / p50 / p90 | visible after batch end, s: median / p90 / max "
+        "| JVM peak RSS MB | Python driver peak MB | Python workers peak MB | load avg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, r in enumerate(runs, 1):
+        sizes = " / ".join(_mb(_percentile(r.files, q)) for q in (0.1, 0.5, 0.9))
+        lines.append(
+            f"| ({i}) {r.label} | {r.rows_per_second:,.0f} | {r.rows_per_second / base:.2f}x | {len(r.files):,} | "
+            f"{sizes} | {_seconds(r.latencies)} | {r.memory.jvm / MB:,.0f} | {r.memory.driver_python / MB:,.0f} | "
+            f"{r.memory.workers / MB:,.0f} | {_load_note(r.load)} |"
+        )
+    return lines
+
+
+def report(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    runs: list[SinkRun],
+    trigger_runs: list[SinkRun],
+    histories: dict[int, History],
+    writers: list[WriterMemory],
+    target: int,
+    loads: tuple[tuple[float, float, float], tuple[float, float, float]],
+    wall: float,
+) -> list[str]:
+    """The report's lines."""
+    short, long = min(histories), max(histories)
+    mid = 100 if 100 in histories else sorted(histories)[len(histories) // 2]
+    ours = [r for r in runs if r.kind == "ours"]
+    spark = runs[0]
+    restart_ratio = statistics.median(histories[long].restarts) / statistics.median(histories[short].restarts)
+    state_ratio = histories[long].state_bytes / histories[mid].state_bytes
+    writer_ratio = writers[-1].peak / writers[0].peak
+    sized_runs = [r for r in ours + trigger_runs if r.rollover.get("target_file_size") == target]
+    size_rolled = [s for r in sized_runs for s in r.size_rolled]
+    in_band = [s for s in size_rolled if 0.8 * target <= s <= target]
+    band_share = len(in_band) / len(size_rolled) if size_rolled else float("nan")
+    later = [s for r in sized_runs for s in r.size_rolled_later]
+    later_in_band = [s for s in later if 0.8 * target <= s <= target]
+    later_share = len(later_in_band) / len(later) if later else float("nan")
+    t_spark, t_default, t_ours = trigger_runs
+    fewer = len(t_spark.files) / max(1, len(t_default.files))
+    fewer_sized = len(t_spark.files) / max(1, len(t_ours.files))
+    growth = [max(f["rss_peak"] - f["rss_before"] for f in w.files) for w in writers]
+    growth_ratio = growth[-1] / max(1, growth[0])
+
+    def verdict(ok: bool) -> str:
+        return "**holds**" if ok else "**does not hold**"
+
+    local, remote = (r.rows_per_second / spark.rows_per_second for r in (ours[0], ours[-1]))
+    goals = [
+        f"- Throughput ≥ {GOAL_THROUGHPUT:.1f}x Spark's sink: ours local {local:.2f}x, ours S3 {remote:.2f}x: "
+        f"{verdict(max(local, remote) >= GOAL_THROUGHPUT)}.",
+        f"- ≥ {GOAL_FEWER_FILES:.0f}x fewer files than Spark's sink at 1-second triggers: {len(t_spark.files):,} "
+        f"against {len(t_default.files):,} with the default `Rollover()`, {fewer:.1f}x: "
+        f"{verdict(fewer >= GOAL_FEWER_FILES)}; "
+        f"with the {target / MiB:g} MiB target {len(t_ours.files):,}, {fewer_sized:.1f}x: "
+        f"{verdict(fewer_sized >= GOAL_FEWER_FILES)}.",
+        f"- ≥ {GOAL_IN_BAND:.0%} of size-rolled files within 0.8-1.0x of the target ({target / MiB:g} MiB, "
+        f"runs (3), (4) and the 1-second run with that target): {len(in_band)} of {len(size_rolled)} "
+        f"({band_share:.0%}): "
+        f"{verdict(band_share >= GOAL_IN_BAND)}; without each writer's first file (written before the sink has learned "
+        f"its Parquet-to-log ratio) {len(later_in_band)} of {len(later)} ({later_share:.0%}): "
+        f"{verdict(later_share >= GOAL_IN_BAND)}.",
+        f"- Restart time flat in history (ratio ≤ {GOAL_RESTART}): {long:,} against {short:,} epochs "
+        f"{restart_ratio:.2f}: {verdict(restart_ratio <= GOAL_RESTART)}.",
+        f"- State size flat in history (ratio ≤ {GOAL_STATE}): {long:,} against {mid:,} epochs {state_ratio:.2f}: "
+        f"{verdict(state_ratio <= GOAL_STATE)}.",
+        f"- Peak writer memory flat in target file size (ratio ≤ {GOAL_WRITER_MEMORY}): "
+        f"{writers[-1].target // MiB} MiB against {writers[0].target // MiB} MiB {writer_ratio:.2f}: "
+        f"{verdict(writer_ratio <= GOAL_WRITER_MEMORY)}; growth of the writer's RSS while writing "
+        f"{growth_ratio:.2f}: {verdict(growth_ratio <= GOAL_WRITER_MEMORY)}.",
+    ]
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    busy = max(loads[0][0], loads[1][0]) > LOAD_WARNING or any(max(r.load) > LOAD_WARNING for r in runs + trigger_runs)
+    lines = [
+        f"Run of {when}: `python tests/benchmarks/bench_sinks.py {' '.join(args.argv)}`".rstrip() + ", "
+        f"{args.rows:,} rows in {len(data.file_rows(args.rows))} input files, {wall / 60:.0f} minutes.",
+        "",
+        "Machine: " + "; ".join(f"{k} {v}" for k, v in env.items()) + ".",
+        f"Load average (1/5/15 min) at the start {'/'.join(f'{x:.2f}' for x in loads[0])}, at the end "
+        f"{'/'.join(f'{x:.2f}' for x in loads[1])}"
+        + (
+            f"; **some figures were taken while the 1-minute load average was above {LOAD_WARNING}** (⚠ below)."
+            if busy
+            else "."
+        ),
+        "",
+        f"Side by side: `local[{PARALLELISM}]`, {PARALLELISM} shuffle partitions, available-now trigger with "
+        f"{FILES_PER_BATCH} input files per batch ({spark.batches} batches of about "
+        f"{args.rows // max(1, spark.batches):,} rows). Our sink: key `user_id`, 256 vnodes, parallelism "
+        f"{PARALLELISM}, `Rollover(target_file_size={target / MiB:g} MiB, max_age_seconds={MAX_AGE_SECONDS:g})`, "
+        "zstd; its time includes the final `flush()`.",
+        "",
+        *main_table(runs),
+        "",
+        f"At 1-second triggers, 1 input file per batch ({t_spark.batches} batches), same input:",
+        "",
+        "| sink | files | file MB p10 / p50 / p90 | visible after batch end, s: median / p90 / max | rows/s "
+        "| load avg |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {r.label}{_rollover_text(r)} | {len(r.files):,} | "
+            f"{' / '.join(_mb(_percentile(r.files, q)) for q in (0.1, 0.5, 0.9))} | {_seconds(r.latencies)} | "
+            f"{r.rows_per_second:,.0f} | {_load_note(r.load)} |"
+            for r in trigger_runs
+        ),
+        "",
+        f"Files, Spark's sink against ours: **{fewer:.1f}x fewer** with the default `Rollover()`, "
+        f"**{fewer_sized:.1f}x fewer** with the {target / MiB:g} MiB target.",
+        "",
+        "| history | built in | start-up after SIGKILL, s (each run) | files recovered | state database bytes "
+        "(file + WAL) | bytes in use |",
+        "|---:|---:|---|---|---:|---:|",
+    ]
+    for n in sorted(histories):
+        h = histories[n]
+        lines.append(
+            f"| {n:,} epochs | {h.build_seconds:.0f} s | {', '.join(f'{t:.3f}' for t in h.restarts)} | "
+            f"{', '.join(map(str, h.recovered))} | {h.state_bytes:,} | {h.state_used:,} |"
+        )
+    lines += [
+        "",
+        f"Restart ratio ({long:,} / {short:,} epochs, medians): **{restart_ratio:.2f}**. "
+        f"State size ratio ({long:,} / {mid:,} epochs): **{state_ratio:.2f}**.",
+        "",
+        "| target file size | files | largest file MB | peak writer RSS MB | RSS before writing MB | "
+        "pyarrow peak allocation MB |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for w in writers:
+        lines.append(
+            f"| {w.target // MiB:,} MiB | {len(w.files)} | {_mb(w.largest_file)} | {_mb(w.peak)} | "
+            f"{_mb(max(f['rss_before'] for f in w.files))} | {_mb(max(f['arrow_peak'] for f in w.files))} |"
+        )
+    lines += [
+        "",
+        f"Peak writer memory ratio: **{writer_ratio:.2f}**; ratio of the RSS growth while writing (peak minus RSS "
+        f"before writing): **{growth_ratio:.2f}** ({growth[-1] / MB:.0f} MB against {growth[0] / MB:.0f} MB).",
+        "",
+        "Goals:",
+        "",
+        *goals,
+    ]
+    return lines
+
+
+def write_report(path: Path, lines: list[str], plot_name: str) -> None:
+    block = [BEGIN_MARK, *lines, "", f"![throughput and file sizes]({plot_name})", END_MARK]
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN_MARK in text and END_MARK in text:
+        head, rest = text.split(BEGIN_MARK, 1)
+        tail = rest.split(END_MARK, 1)[1]
+        text = head + "\n".join(block) + tail
+    else:
+        text = text.rstrip("\n") + "\n\n## Results of the sink comparison\n\n" + "\n".join(block) + "\n"
+    path.write_text(text)
+
+
+def plot(path: Path, runs: list[SinkRun], trigger_runs: list[SinkRun], target: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [r.label for r in runs]
+    left.barh(labels, [r.rows_per_second / 1000 for r in runs], color=["#888", "#888", "#2a7", "#2a7"][: len(runs)])
+    left.set_xlabel("thousand rows per second (higher is better)")
+    left.invert_yaxis()
+    left.set_title("throughput, available-now trigger")
+    shown = [*runs, *trigger_runs]
+    names = [*labels, *(f"{r.label}, 1 s triggers" for r in trigger_runs)]
+    right.boxplot([[s / MB for s in r.files] for r in shown], orientation="horizontal", whis=(10, 90), showfliers=True)
+    right.set_yticks(range(1, len(shown) + 1), names)
+    right.invert_yaxis()
+    right.set_xscale("log")
+    right.axvline(target / MB, color="#2a7", linestyle="--", linewidth=1)
+    right.set_xlabel("file size, MB (log scale; whiskers p10-p90; dashed: our target)")
+    right.set_title("output file sizes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# -- main ------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Our sink next to Spark's Parquet sink and a Delta sink.")
+    parser.add_argument("--rows", type=int, default=None, help=f"input rows (default {FULL_ROWS:,})")
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK_ROWS:,} rows, short histories")
+    parser.add_argument("--history", type=int, default=None, help="epochs of the long history (default 10,000)")
+    parser.add_argument("--report", type=Path, default=REPO / "docs" / "benchmarks.md", help="the Markdown report")
+    parser.add_argument("--plot", type=Path, default=None, help="the PNG plot (default: next to the report)")
+    parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    args.rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
+    long_history = args.history or (200 if args.quick else 10_000)
+    if long_history <= 100:
+        parser.error("--history must be above 100")
+    plot_path = args.plot or args.report.with_name("benchmarks-sinks.png")
+    # Scaled with the rows of an input file, so that a batch is the same share of a file at every scale.
+    target = int(FULL_TARGET * data.file_rows(args.rows)[0] / 100_000)
+
+    started = time.monotonic()
+    load_start = os.getloadavg()
+    env = machine()
+    print(f"sink benchmark: {args.rows:,} rows; load average {load_start[0]:.2f}", flush=True)
+    base = (args.dir or Path.cwd()).resolve()
+    work = Path(tempfile.mkdtemp(prefix="bench_sinks-", dir=base))
+    from filesink.s3server import SeaweedServer
+
+    server = SeaweedServer(work / "seaweedfs")
+    try:
+        input_dir = work / "input"
+        inputs = data.generate(input_dir, args.rows)
+        print(f"input: {len(inputs)} files, {sum(p.stat().st_size for p in inputs) / MB:.1f} MB", flush=True)
+        s3 = server.start()
+
+        sized = {"target_file_size": target, "max_age_seconds": MAX_AGE_SECONDS}
+
+        def side_by_side(
+            label: str,
+            kind: str,
+            trigger: float | None,
+            per_batch: int,
+            remote: bool = False,
+            rollover: dict[str, Any] = sized,
+        ) -> SinkRun:
+            name = slug(label + (" 1s" if trigger else ""))
+            out = Output(s3.url(name), s3) if remote else Output(str(work / name / "out"))
+            return run_sink(
+                label + (" 1s" if trigger else ""),
+                kind,
+                work,
+                input_dir,
+                args.rows,
+                output=out,
+                trigger_seconds=trigger,
+                files_per_batch=per_batch,
+                rollover=rollover if kind == "ours" else {},
+                s3=s3 if remote else None,
+            )
+
+        print("side by side, available-now trigger:", flush=True)
+        runs = [
+            side_by_side("Spark parquet sink", "spark", None, FILES_PER_BATCH),
+            side_by_side("Delta (deltalake)", "delta", None, FILES_PER_BATCH),
+            side_by_side("ours, local", "ours", None, FILES_PER_BATCH),
+            side_by_side("ours, S3", "ours", None, FILES_PER_BATCH, remote=True),
+        ]
+        print("1-second triggers, one input file per batch:", flush=True)
+        trigger_runs = [
+            side_by_side("Spark parquet sink", "spark", 1.0, 1),
+            side_by_side("ours, local, default rollover", "ours", 1.0, 1, rollover={}),
+            side_by_side("ours, local", "ours", 1.0, 1),
+        ]
+        print("history (sink driven without Spark, see docs/benchmarks.md):", flush=True)
+        histories = {n: history_run(work, n, 1000) for n in (10, 100, long_history)}
+        print("writer memory:", flush=True)
+        writers = [writer_memory(work, t, inputs) for t in (64 * MiB, 1024 * MiB)]
+
+        load_end = os.getloadavg()
+        wall = time.monotonic() - started
+        lines = report(args, env, runs, trigger_runs, histories, writers, target, (load_start, load_end), wall)
+        print()
+        print("\n".join(lines))
+        plot(plot_path, runs, trigger_runs, target)
+        write_report(args.report, lines, os.path.relpath(plot_path, args.report.parent))
+        print(f"\nwrote {args.report} and {plot_path}")
+    finally:
+        server.stop()
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
