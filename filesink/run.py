@@ -291,8 +291,8 @@ def _watch(query: Any, batches: _Batches, stop: threading.Event, progress: Progr
                 if query.awaitTermination(0.5):
                     break
             except StreamingQueryException as e:
-                if batches.stopping and isinstance(batches.error, StopRequested):
-                    break
+                if stop.is_set():  # the batch in progress failed of the stop (a Ctrl-C reaches Spark's Python
+                    break  # workers too): nothing of it was committed, and the next run repeats it
                 return e
             progress.update()
             if stop.is_set():

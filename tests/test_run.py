@@ -226,13 +226,20 @@ def test_json_and_csv_input(tmp_path, fmt):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_cleanly_and_the_next_run_finishes_exactly_once(tmp_path):
+@pytest.mark.parametrize("how", ["sigterm-to-the-command", "ctrl-c-to-the-process-group"])
+def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
+    """SIGTERM to the command (a service manager), or SIGINT to its whole process group (Ctrl-C at a terminal:
+    the JVM ignores it, Spark's Python workers do not)."""
     expected: Counter = Counter()
     for b in range(8):
         expected.update(_write(tmp_path / "in", b))
     args = _args(tmp_path, "--trigger", "500ms", "--max-files-per-trigger", "1", "--max-file-age", "off")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "filesink", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "filesink", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     assert proc.stderr is not None
     for line in proc.stderr:  # wait until two epochs are in
@@ -240,7 +247,10 @@ def test_sigterm_stops_cleanly_and_the_next_run_finishes_exactly_once(tmp_path):
             break
     else:
         pytest.fail(f"no progress line: {proc.communicate()}")
-    proc.send_signal(signal.SIGTERM)
+    if how == "sigterm-to-the-command":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     assert "stopping: waiting for the batch in progress" in err
