@@ -10,7 +10,8 @@ echo "==> mypy"
 mypy
 echo "==> pytest"
 status=0
-python -m pytest -m "not chaos" "$@" || status=$?
+# Two test processes (pytest-xdist): most tests wait on Spark, S3 and subprocesses rather than on the CPU.
+python -m pytest -n 2 -m "not chaos" "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "error: pytest collected no tests" >&2
 fi

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,18 +101,39 @@ def spark():
 
 # ---------------------------------------------------------------------------------------------------------
 # Failpoint coverage: every process of the session logs the failpoints that fire (FILESINK_FAILPOINT_DIR);
-# test_failpoint_coverage.py runs last and checks that each failpoint in the source fired somewhere.
+# test_failpoint_coverage.py runs last and checks that each failpoint in the source fired somewhere (with
+# pytest-xdist, after the other workers have finished: each marks its end in the run's root directory).
 # ---------------------------------------------------------------------------------------------------------
 
 COVERAGE_TEST = "test_failpoint_coverage.py"
 
 
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""This process's name (gw0, gw1, ...) when pytest-xdist runs the session in several processes (``-n 2``)."""
+_session_root: list[Path] = []
+
+
+def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory holding every temp directory of this test run: with pytest-xdist, those of all workers."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if XDIST_WORKER else base
+
+
+def finished_workers(root: Path) -> list[str]:
+    """pytest-xdist workers of this run that have finished all their tests."""
+    return sorted(p.name.removeprefix("finished-") for p in root.glob("finished-*"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if XDIST_WORKER and _session_root:
+        (_session_root[0] / f"finished-{XDIST_WORKER}").touch()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def failpoint_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    import os
-
     from logstore.failpoints import DIR_VAR
 
+    _session_root.append(session_root(tmp_path_factory))
     shared = tmp_path_factory.mktemp("failpoints")
     before = os.environ.get(DIR_VAR)
     os.environ[DIR_VAR] = str(shared)
