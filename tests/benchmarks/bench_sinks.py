@@ -178,7 +178,8 @@ def _batch_latencies(kind: str, result: dict[str, Any], seen: dict[str, float], 
     if kind == "spark":
         # The batch ends when its trigger does; its rows are visible to Spark readers once _spark_metadata/<id> is.
         for p in result["progress"]:
-            ends[p["batch"]] = _parse_ts(p["timestamp"]) + p["durations_ms"].get("triggerExecution", 0) / 1000
+            if p["rows"] > 0:  # idle triggers report the next batch id with no rows
+                ends[p["batch"]] = _parse_ts(p["timestamp"]) + p["durations_ms"].get("triggerExecution", 0) / 1000
         for name, at in seen.items():
             head = name.split(".")[0]
             if head.isdigit():
@@ -622,21 +623,24 @@ def plot(path: Path, runs: list[SinkRun], trigger_runs: list[SinkRun], target: i
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
     labels = [r.label for r in runs]
     left.barh(labels, [r.rows_per_second / 1000 for r in runs], color=["#888", "#888", "#2a7", "#2a7"][: len(runs)])
     left.set_xlabel("thousand rows per second (higher is better)")
     left.invert_yaxis()
     left.set_title("throughput, available-now trigger")
     shown = [*runs, *trigger_runs]
-    names = [*labels, *(f"{r.label}, 1 s triggers" for r in trigger_runs)]
+    names = [*labels, *(f"{r.label.removesuffix(' 1s')}, 1 s triggers" for r in trigger_runs)]
     right.boxplot([[s / MB for s in r.files] for r in shown], orientation="horizontal", whis=(10, 90), showfliers=True)
     right.set_yticks(range(1, len(shown) + 1), names)
     right.invert_yaxis()
     right.set_xscale("log")
+    right.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     right.axvline(target / MB, color="#2a7", linestyle="--", linewidth=1)
-    right.set_xlabel("file size, MB (log scale; whiskers p10-p90; dashed: our target)")
+    right.set_xlabel(f"file size, MB (log scale; whiskers p10-p90; dashed line: our {target / MiB:g} MiB target)")
     right.set_title("output file sizes")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -1,0 +1,133 @@
+"""Where a batch's time goes: Spark reading the input, rows crossing from the JVM into Python, our append, and
+Spark writing Parquet itself, each measured as a batch job over the same input.
+
+Not a test (pytest does not collect it). Run from the repository root::
+
+    python tests/benchmarks/bench_sinks_crossing.py [--rows N] [--repeat K]
+
+Jobs, each over every input row, on ``local[2]``, ``--repeat`` times after one warm-up round (medians):
+
+1. ``read``: read the input and drop it (``write.format("noop")``): Spark's reading alone;
+2. ``to Python``: the sink's append job without its work: the vnode column, then ``mapInArrow`` with a
+   function that only counts the rows it gets: reading plus moving the rows into Python workers as Arrow;
+3. ``append``: the sink's append job: the same with ``append_segment`` into a scratch log store;
+4. ``Spark Parquet (snappy)`` and ``(zstd)``: ``df.write.parquet``, what Spark's file sink does per batch.
+
+See ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import bench_sinks_data as data
+import pyarrow as pa
+
+VNODES = 256
+
+
+def jobs(spark: Any, input_dir: Path, work: Path) -> dict[str, Callable[[int], None]]:
+    from pyspark.sql import functions as F
+
+    from logstore import VNODE_COLUMN, LogStore, append_segment
+
+    store = LogStore.open(work / "state", vnodes=VNODES)
+    target = store.target
+
+    def frame() -> Any:
+        df = spark.read.schema(data.SPARK_SCHEMA).parquet(str(input_dir))
+        vnode = F.pmod(F.hash(*[F.col(c) for c in data.KEY_COLUMNS]), F.lit(VNODES)).cast("int")
+        return df.withColumn(VNODE_COLUMN, vnode)
+
+    def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = sum(b.num_rows for b in batches)
+        yield pa.record_batch([pa.array([rows], pa.int64())], names=["rows"])
+
+    def append_rows(epoch: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+        def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            writer = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver"
+            descriptor = append_segment(target, epoch, batches, writer_id=writer)
+            yield pa.record_batch([pa.array([descriptor.rows if descriptor else 0], pa.int64())], names=["rows"])
+
+        return task
+
+    def read(_: int) -> None:
+        spark.read.schema(data.SPARK_SCHEMA).parquet(str(input_dir)).write.format("noop").mode("overwrite").save()
+
+    def to_python(_: int) -> None:
+        frame().mapInArrow(count_rows, "rows long").collect()
+
+    def append(i: int) -> None:
+        frame().mapInArrow(append_rows(i), "rows long").collect()
+
+    def parquet(codec: str) -> Callable[[int], None]:
+        def run(i: int) -> None:
+            out = work / f"parquet-{codec}-{i}"
+            spark.read.schema(data.SPARK_SCHEMA).parquet(str(input_dir)).write.option("compression", codec).parquet(
+                str(out)
+            )
+            shutil.rmtree(out)
+
+        return run
+
+    return {
+        "read": read,
+        "to Python": to_python,
+        "append": append,
+        "Spark Parquet (snappy)": parquet("snappy"),
+        "Spark Parquet (zstd)": parquet("zstd"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Time of reading, crossing into Python, appending, writing.")
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
+    args = parser.parse_args(argv)
+    from filesink.localspark import local_spark
+
+    work = Path(tempfile.mkdtemp(prefix="bench_crossing-", dir=args.dir or Path.cwd()))
+    try:
+        input_dir = work / "input"
+        data.generate(input_dir, args.rows)
+        spark = local_spark("bench-crossing", cores=2, conf={"spark.driver.memory": "4g"})
+        measured = jobs(spark, input_dir, work)
+        times: dict[str, list[float]] = {name: [] for name in measured}
+        for round_ in range(args.repeat + 1):  # round 0 warms up the JVM and the Python workers
+            for name, job in measured.items():
+                start = time.perf_counter()
+                job(round_)
+                if round_:
+                    times[name].append(time.perf_counter() - start)
+        spark.stop()
+        med = {name: statistics.median(t) for name, t in times.items()}
+        print(f"{args.rows:,} rows, local[2], median of {args.repeat} (after a warm-up round):")
+        print("| job | seconds | rows/s |")
+        print("|---|---:|---:|")
+        for name, seconds in med.items():
+            print(f"| {name} | {seconds:.1f} | {args.rows / seconds:,.0f} |")
+        print(
+            f"\nmoving the rows into Python: {med['to Python'] - med['read']:.1f} s; our append on top: "
+            f"{med['append'] - med['to Python']:.1f} s; Spark's Parquet writing on top of reading: "
+            f"{med['Spark Parquet (snappy)'] - med['read']:.1f} s (snappy), "
+            f"{med['Spark Parquet (zstd)'] - med['read']:.1f} s (zstd)"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
