@@ -106,6 +106,8 @@ def spark():
 # ---------------------------------------------------------------------------------------------------------
 
 COVERAGE_TEST = "test_failpoint_coverage.py"
+LONGEST = ("test_sink_kills.py",)
+"""Files of the longest tests (minutes each): they start first."""
 
 
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -145,8 +147,12 @@ def failpoint_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first (so that with pytest-xdist the long ones run side by side, and the short ones
+    fill the gaps), the failpoint coverage test last."""
     last = [i for i in items if i.path.name == COVERAGE_TEST]
-    items[:] = [i for i in items if i.path.name != COVERAGE_TEST] + last
+    rest = [i for i in items if i.path.name != COVERAGE_TEST]
+    slow = sorted((i for i in rest if i.get_closest_marker("slow")), key=lambda i: i.path.name not in LONGEST)
+    items[:] = slow + [i for i in rest if not i.get_closest_marker("slow")] + last
 
 
 # ---------------------------------------------------------------------------------------------------------

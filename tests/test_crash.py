@@ -108,10 +108,12 @@ def _random_kills(state_dir, seed, url=None, options=None, kills=5, epochs=1500,
     assert _check(state_dir, url, options, rows=rows) == epochs - 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_kill_at_random_moments_local(tmp_path, seed):
     _random_kills(tmp_path / "state", seed)
 
 
+@pytest.mark.slow
 def test_kill_at_random_moments_s3(tmp_path, s3_prefix, s3_options):
     _random_kills(tmp_path / "state", 3, s3_prefix + "/log", s3_options, epochs=200)
