@@ -38,6 +38,8 @@ COLUMNS = ["event_id", "user_id", "event_time", "event_date", "amount", "country
 COUNTRIES = ["DE", "FR", "NL", "US", "BR", "JP", "IN", "KE"]
 KINDS = ["view", "click", "cart", "buy", "refund"]
 TARGET_FILE_SIZE = "2MiB"
+SPAN_SECONDS = 2 * 86400 - 1
+"""Event times run over two days: a sink file (2 MiB target) is split into one object per date it holds."""
 SHORT_JOB_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """A short job starts faster without the JVM's optimizing compiler and parallel GC."""
 
@@ -49,7 +51,8 @@ def write_events(landing: Path, files: int, rows: int) -> int:
     for f in range(files):
         rng = random.Random(f)
         first = f * rows
-        times = [start + timedelta(seconds=(first + i) * 3, milliseconds=rng.randrange(1000)) for i in range(rows)]
+        step = SPAN_SECONDS / (files * rows)  # the events of all files span two days: two date partitions
+        times = [start + timedelta(seconds=(first + i) * step, milliseconds=rng.randrange(1000)) for i in range(rows)]
         table = pa.table(
             {
                 "event_id": pa.array(range(first, first + rows), pa.int64()),
@@ -198,13 +201,14 @@ def demo(directory: Path, files: int = 12, rows: int = 50_000, s3: bool = False)
             say(f"error: the second run failed with status {status}; see its output above")
             return 1
         result = verify(landing, output, options)
-        sizes = _file_sizes(output, options)
+        sizes, partitions = _file_sizes(output, options)
     say("")
     say(f"rows:   {result.input_rows:,} in, {result.output_rows:,} out")
     if sizes:
         say(
-            f"files:  {len(sizes)} Parquet files, {size(sum(sizes))} (min {size(min(sizes))}, median "
-            f"{size(statistics.median(sizes))}, max {size(max(sizes))}; target {TARGET_FILE_SIZE})"
+            f"files:  {len(sizes)} Parquet files in {partitions} event_date partitions, {size(sum(sizes))} (min "
+            f"{size(min(sizes))}, median {size(statistics.median(sizes))}, max {size(max(sizes))}; target "
+            f"{TARGET_FILE_SIZE} per sink file, which is split by partition)"
         )
     say(f"output: {output}" + (" (the demo's S3 server is stopped now)" if s3 else ""))
     say(f"time:   {time.monotonic() - started:,.1f} s for both runs, including Spark start-up")
@@ -224,8 +228,10 @@ def _local(output: Path) -> Iterator[tuple[str, None, dict[str, str], None]]:
     yield str(output), None, {}, None
 
 
-def _file_sizes(output: str, options: dict[str, Any] | None) -> list[int]:
+def _file_sizes(output: str, options: dict[str, Any] | None) -> tuple[list[int], int]:
+    """Sizes of the Parquet files under ``output``, and the number of directories they are in."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(output, **(options or {}))
-    return [int(info["size"]) for info in fs.find(root, detail=True).values() if info["name"].endswith(".parquet")]
+    files = [info for info in fs.find(root, detail=True).values() if info["name"].endswith(".parquet")]
+    return [int(info["size"]) for info in files], len({info["name"].rsplit("/", 1)[0] for info in files})

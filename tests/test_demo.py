@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -41,15 +42,19 @@ def test_demo_kills_restarts_and_verifies(tmp_path, s3):
 def test_verify_counts_missing_duplicated_and_unexpected_rows(tmp_path):
     landing, output = tmp_path / "landing", tmp_path / "output"
     write_events(landing, 3, 500)
-    (output / "event_date=2026-11-01").mkdir(parents=True)
-    for f in sorted(landing.glob("*.parquet")):
-        table = pq.read_table(f).drop_columns(["event_date"])
-        pq.write_table(table, output / "event_date=2026-11-01" / f.name)
+    for f in sorted(landing.glob("*.parquet")):  # the input as Hive partitions, one file per input file and date
+        table = pq.read_table(f)
+        for date in set(table["event_date"].to_pylist()):
+            rows = table.filter(pc.equal(table["event_date"], date)).drop_columns(["event_date"])
+            (output / f"event_date={date}").mkdir(parents=True, exist_ok=True)
+            pq.write_table(rows, output / f"event_date={date}" / f.name)
     assert verify(landing, str(output)).exact
     part = output / "event_date=2026-11-01"
+    assert pq.read_metadata(part / "events-0000.parquet").num_rows == 500
+    assert pq.read_metadata(output / "event_date=2026-11-02" / "events-0002.parquet").num_rows == 500
     shutil.copy(part / "events-0000.parquet", part / "copy.parquet")  # 500 rows twice
-    (part / "events-0001.parquet").unlink()  # 500 rows lost
-    table = pq.read_table(part / "events-0002.parquet").slice(0, 7)
+    (output / "event_date=2026-11-02" / "events-0002.parquet").unlink()  # 500 rows lost
+    table = pq.read_table(part / "events-0000.parquet").slice(0, 7)
     pq.write_table(table.set_column(0, "event_id", [list(range(10**9, 10**9 + 7))]), part / "made-up.parquet")
     v = verify(landing, str(output))
     assert (v.missing, v.duplicated, v.unexpected, v.exact) == (500, 500, 7, False)
