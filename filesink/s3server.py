@@ -212,7 +212,7 @@ class SeaweedServer:
             + "\n\n".join(failures)
         )
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after ``timeout`` seconds) and wait for it."""
         process, self._process, self._settings = self._process, None, None
         if process is not None and process.poll() is None:
