@@ -84,10 +84,6 @@ class SinkStats:
     def files_committed(self) -> int:
         return len(self.file_sizes)
 
-    @property
-    def bytes_committed(self) -> int:
-        return sum(self.file_sizes)
-
 
 class ExactlyOnceParquetSink:
     """Writes every row of a streaming query exactly once into large Parquet files; see the module docstring."""
@@ -193,8 +189,6 @@ class ExactlyOnceParquetSink:
                 self.stats.batches += 1
                 self.stats.rows_in += sum(d.rows for d in descriptors)
                 self.stats.last_epoch = batch_id
-                if descriptors and self._state.arrow_schema() is None:
-                    self._state.record_schema(self._spark_schema_json(df.schema), _nullable(descriptors[0]))
             self._roll(force=False)
             self._start_timer()
 
@@ -334,7 +328,6 @@ class ExactlyOnceParquetSink:
         return dict(results)
 
     def _roll(self, *, force: bool) -> None:
-        self._check_no_pending()
         failpoint("filesink.plan.before")
         files, idle = plan(
             self._store,
@@ -419,6 +412,7 @@ class ExactlyOnceParquetSink:
                 with self._lock:
                     if self._closed:
                         return
+                    self._check_no_pending()
                     self._roll(force=False)
             except BaseException as e:  # reported by the next batch, flush or close
                 self._timer_error = e

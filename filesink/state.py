@@ -149,9 +149,8 @@ class SinkState:
         return value
 
     def arrow_schema(self) -> bytes | None:
-        """The Arrow schema files are written with (every field nullable). Recorded after the first seal with
-        rows; if a crash came between that seal and the recording (two transactions), it is taken from a held
-        segment now, since a replay of the batch skips its append."""
+        """The Arrow schema files are written with (every field nullable): taken from the first held segment
+        (every segment carries its schema) the first time it is asked for after a seal with rows, and recorded."""
         value: bytes | None = self.db.execute("SELECT arrow_schema FROM sink_config").fetchone()[0]
         if value is None:
             row = self.db.execute("SELECT schema_bytes FROM log_segments ORDER BY epoch, segment_id LIMIT 1").fetchone()
