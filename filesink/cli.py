@@ -14,33 +14,44 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from logstore import LogStoreError
+from recovery.errors import NotASinkError
 
 from .errors import FileSinkError, SinkLockedError
 
-EXIT_FAILED, EXIT_LOCKED = 1, 3
+EXIT_FAILED, EXIT_LOCKED, EXIT_NOT_A_SINK = 1, 3, 4
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-_TIME_UNITS = {"ms": 0.001, "s": 1, "": 1, "m": 60, "min": 60, "h": 3600}
+_SIZE_UNITS: dict[str, float] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+_TIME_UNITS: dict[str, float] = {"ms": 0.001, "s": 1, "": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def _quantity(text: str, units: dict[str, float], kind: str, examples: str) -> float | None:
+    """A number with an optional unit from ``units`` (multiplied out), or None for ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in units or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {kind}: use e.g. {examples}, or off")
+    return float(m.group(1)) * units[m.group(2).lower()]
 
 
 def parse_size(text: str) -> int | None:
     """``128MiB``, ``1GiB``, ``64MB``, ``1048576`` (bytes) or ``off``."""
-    if text.strip().lower() == "off":
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _SIZE_UNITS or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 128MiB, 1GiB, 64MB, or off")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    value = _quantity(text, _SIZE_UNITS, "size", "128MiB, 1GiB, 64MB")
+    return None if value is None else int(value)
 
 
 def parse_duration(text: str) -> float | None:
     """``5s``, ``500ms``, ``5m``, ``1h``, ``30`` (seconds) or ``off``."""
-    if text.strip().lower() == "off":
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _TIME_UNITS or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 500ms, 5s, 5m, 1h, or off")
-    return float(m.group(1)) * _TIME_UNITS[m.group(2).lower()]
+    return _quantity(text, _TIME_UNITS, "duration", "500ms, 5s, 5m, 1h")
 
 
 def _positive(text: str) -> int:
@@ -195,6 +206,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(parser, args)
+    except SinkLockedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_LOCKED
+    except NotASinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NOT_A_SINK
+    except (FileSinkError, LogStoreError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as e:
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+
+        if not isinstance(e, PySparkException | Py4JError):
+            raise
+        from .run import spark_error_summary
+
+        lines = "\n  ".join(spark_error_summary(e))
+        print(f"error: Spark failed:\n  {lines}\nCheck --master and the --conf settings.", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.group == "recover":
         from recovery.cli import recover
 
@@ -231,25 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark_conf=dict(args.conf),
         log_store=args.log_store,
     )
-    try:
-        return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
-    except SinkLockedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_LOCKED
-    except (FileSinkError, LogStoreError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as e:
-        from py4j.protocol import Py4JError
-        from pyspark.errors import PySparkException
-
-        if not isinstance(e, PySparkException | Py4JError):
-            raise
-        from .run import spark_error_summary
-
-        lines = "\n  ".join(spark_error_summary(e))
-        print(f"error: Spark failed:\n  {lines}\nCheck --master and the --conf settings.", file=sys.stderr)
-        return EXIT_FAILED
+    return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
 
 
 if __name__ == "__main__":

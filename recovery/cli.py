@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filesink.errors import FileSinkError, SinkLockedError
 from filesink.lock import StateLock, lock_holder
 from filesink.planner import writer_ranges
 from filesink.state import PlannedFile, SinkState
 from filesink.writer import FileTask, OutputLocation
-from logstore import STATE_DB_NAME, LogStore, LogStoreError, connect
+from logstore import STATE_DB_NAME, LogStore, connect
 from logstore.storage import is_local
 
 from .errors import NotASinkError
 from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_NOT_A_SINK = 0, 1, 2, 3, 4
+EXIT_OK = 0
+"""The other exit codes belong to every ``filesink`` command: :mod:`filesink.cli`."""
 
 
 @dataclass
@@ -349,20 +349,11 @@ def add_parser(commands: Any) -> None:
 
 
 def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run ``filesink recover STEP`` from parsed arguments; errors become a message and an exit code."""
+    """Run ``filesink recover STEP`` from parsed arguments (:func:`filesink.cli.main` turns errors into a message
+    and an exit code)."""
     if getattr(args, "parallelism", None) is not None and args.parallelism < 1:
         parser.error("--parallelism must be at least 1")
-    try:
-        return run_recover(args)
-    except SinkLockedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_LOCKED
-    except NotASinkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_NOT_A_SINK
-    except (FileSinkError, LogStoreError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    return run_recover(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
