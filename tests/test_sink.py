@@ -22,6 +22,13 @@ from logstore.failpoints import ENV_VAR, FailpointError
 NO_AGE = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
 
 
+def _sink(path, tmp_path, partition_by=None):
+    """A sink on ``path`` with its state in ``tmp_path / "state"``: 8 vnodes, 2 writers, no age rule."""
+    return ExactlyOnceParquetSink(
+        path, tmp_path / "state", vnodes=8, parallelism=2, rollover=NO_AGE, partition_by=partition_by
+    )
+
+
 @pytest.fixture(params=["local", "s3"])
 def output(request, tmp_path):
     """(output path, storage options) on local disk and on the S3 test server."""
@@ -249,12 +256,7 @@ def test_restart_resolves_pending_files_by_visibility(spark, tmp_path, monkeypat
     partition_by = ["event_date"] if partitioned else None
     parts = ("event_date",) if partitioned else ()
 
-    def open_sink():
-        return ExactlyOnceParquetSink(
-            path, tmp_path / "state", vnodes=8, parallelism=2, rollover=NO_AGE, partition_by=partition_by
-        )
-
-    sink = open_sink()
+    sink = _sink(path, tmp_path, partition_by)
     expected = _run(sink, spark, 2)
     monkeypatch.setenv(ENV_VAR, f"{point}=raise")
     with pytest.raises(FailpointError):
@@ -269,7 +271,7 @@ def test_restart_resolves_pending_files_by_visibility(spark, tmp_path, monkeypat
     assert list(staging.iterdir()) == [], "a closed sink leaves no staging directory"
     (staging / f"term-{term:010d}").mkdir()
     (staging / f"term-{term:010d}" / ".part-left-by-a-killed-writer.00000.x.tmp").write_bytes(b"partial")
-    sink = open_sink()  # start-up recovery
+    sink = _sink(path, tmp_path, partition_by)  # start-up recovery
     assert sink._state.pending() == [] and sink._term == term + 1
     assert [p.name for p in staging.iterdir()] == [f"term-{term + 1:010d}"], "killed writers' temp files go"
     assert list((staging / f"term-{term + 1:010d}").iterdir()) == []
@@ -290,15 +292,11 @@ def test_a_sink_whose_write_failed_refuses_to_go_on(spark, tmp_path, monkeypatch
     partition_by = ["event_date"] if partitioned else None
     parts = ("event_date",) if partitioned else ()
 
-    def open_sink():
-        return ExactlyOnceParquetSink(
-            path, tmp_path / "state", vnodes=8, parallelism=2, rollover=NO_AGE, partition_by=partition_by
-        )
-
-    sink = open_sink()
+    sink = _sink(path, tmp_path, partition_by)
     expected = _run(sink, spark, 2)
     sink.close()
-    sink = open_sink()  # no Spark session yet: files are written in this process, where the failpoint applies
+    # No Spark session yet: files are written in this process, where the failpoint applies.
+    sink = _sink(path, tmp_path, partition_by)
     monkeypatch.setattr("logstore.failpoints._hits", {})  # count from here: "@2" is this process's 2nd hit
     monkeypatch.setenv(ENV_VAR, "filesink.write.publish.before=raise@2")
     with pytest.raises(FailpointError):
@@ -311,7 +309,7 @@ def test_a_sink_whose_write_failed_refuses_to_go_on(spark, tmp_path, monkeypatch
             attempt()
     assert sink._store.last_sealed_epoch == 1, "the refused batch was not appended"
     sink.close()
-    sink = open_sink()
+    sink = _sink(path, tmp_path, partition_by)
     expected.update(_run(sink, spark, 1, first=2))
     sink.flush()
     sink.close()
