@@ -4,8 +4,8 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "[test]"
 echo "==> ruff"
-ruff check .
-ruff format --check .
+ruff check logstore filesink recovery tests
+ruff format --check logstore filesink recovery tests
 echo "==> mypy"
 mypy
 echo "==> pytest"
