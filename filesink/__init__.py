@@ -7,6 +7,10 @@ query = df.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt).sta
 ```
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CheckpointMismatchError,
     CommitConflictError,
@@ -23,7 +27,22 @@ from .errors import (
     StorageAccessError,
 )
 from .rollover import Rollover
-from .sink import ExactlyOnceParquetSink, SinkStats
+
+# The sink (and with it the state database's dependencies) is imported on first use: Spark tasks import this
+# package to write files, and never need it.
+if TYPE_CHECKING:
+    from .sink import ExactlyOnceParquetSink, SinkStats
+
+
+def __getattr__(name: str) -> Any:
+    if name not in ("ExactlyOnceParquetSink", "SinkStats"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import sink
+
+    value = getattr(sink, name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CheckpointMismatchError",

@@ -8,6 +8,11 @@
 See ``docs/logstore.md`` for the file format and the durability rules.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .append import VNODE_COLUMN, AppendTarget, append_segment
 from .errors import (
     EpochNotSealedError,
@@ -23,10 +28,34 @@ from .errors import (
     TruncatedRangeError,
     TruncateOrderError,
 )
+from .reader import LogBatch, ReadItem, read_plan
 from .segment import SegmentDescriptor
-from .statedb import STATE_DB_NAME, connect
 from .storage import LogLocation
-from .store import NOTHING, GarbageReport, LogBatch, LogStore, ReadItem, VnodeBacklog, read_plan
+
+# The state database's side (sqlite_utils, which imports pandas) is imported on first use: Spark tasks import
+# this package to append and read segments, and never need it.
+_LAZY = {
+    "STATE_DB_NAME": "statedb",
+    "connect": "statedb",
+    "NOTHING": "store",
+    "GarbageReport": "store",
+    "LogStore": "store",
+    "VnodeBacklog": "store",
+}
+
+if TYPE_CHECKING:
+    from .statedb import STATE_DB_NAME, connect
+    from .store import NOTHING, GarbageReport, LogStore, VnodeBacklog
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "NOTHING",

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import pyarrow as pa
 import sqlite_utils
 
 from . import segment
@@ -33,64 +32,14 @@ from .errors import (
     TruncateOrderError,
 )
 from .failpoints import failpoint
+from .reader import LogBatch, ReadItem, read_plan
 from .segment import Block, SegmentDescriptor, describe_vnodes
 from .statedb import STATE_DB_NAME, apply_migrations, connect, migrations
-from .storage import LogLocation, Storage
+from .storage import LogLocation
 
 DEFAULT_VNODES = 256
 NOTHING = -1
 """The epoch value meaning "none yet" for last sealed epochs and truncate points."""
-
-
-class LogBatch(NamedTuple):
-    """Rows read back from the log: one block of one vnode from one segment."""
-
-    vnode: int
-    epoch: int
-    segment: str
-    batch: pa.RecordBatch
-
-
-@dataclass(frozen=True)
-class ReadItem:
-    """One vnode's rows of one sealed segment: what :func:`read_plan` fetches, checks and decodes."""
-
-    vnode: int
-    epoch: int
-    segment: str
-    segment_vnodes: tuple[int, ...]
-    schema_bytes: bytes
-    blocks: tuple[Block, ...]
-
-
-def read_plan(storage: Storage, plan: Iterable[ReadItem]) -> Iterator[LogBatch]:
-    """Fetch, check and decode the blocks of ``plan`` in order, one block in memory at a time."""
-    schemas: dict[bytes, pa.Schema] = {}
-    for item in plan:
-        schema = schemas.get(item.schema_bytes)
-        if schema is None:
-            schema = schemas[item.schema_bytes] = segment.decode_schema(item.schema_bytes)
-        for block in item.blocks:
-            try:
-                data = storage.read_range(item.segment, block.offset, block.length)
-            except FileNotFoundError as e:
-                raise SegmentMissingError(
-                    f"{_where(storage, item)}: the segment file of a sealed epoch is missing"
-                ) from e
-            problem = segment.block_problem(data, block)
-            if problem:
-                raise SegmentCorruptError(f"segment {_where(storage, item)}: {problem}")
-            try:
-                batch = segment.decode_block(data, schema)
-            except (pa.ArrowInvalid, OSError) as e:
-                raise SegmentCorruptError(
-                    f"segment {_where(storage, item)}: block at offset {block.offset}: {e}"
-                ) from e
-            yield LogBatch(item.vnode, item.epoch, item.segment, batch)
-
-
-def _where(storage: Storage, item: ReadItem) -> str:
-    return f"{storage.display(item.segment)} (epoch {item.epoch}, vnodes {describe_vnodes(list(item.segment_vnodes))})"
 
 
 @dataclass(frozen=True)
