@@ -321,11 +321,23 @@ class ExactlyOnceParquetSink:
         tasks = [self._file_task(f, self._term) for f in files]
         output = self._output
         if self._spark is None:
-            results = [(t.name, write_file(output, t)) for t in tasks]
-        else:
-            rdd = self._spark.sparkContext.parallelize(tasks, len(tasks))
-            results = rdd.map(lambda t: (t.name, write_file(output, t))).collect()
-        return dict(results)
+            return {t.name: write_file(output, t) for t in tasks}
+
+        def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    task = tasks[index]
+                    objects = pickle.dumps(write_file(output, task))
+                    yield pa.record_batch(
+                        [pa.array([task.name]), pa.array([objects], pa.binary())], names=["name", "objects"]
+                    )
+
+        # A mapInArrow job like the append (task i writes file i), not an RDD job: Spark runs both on the same
+        # pool of Python workers, which are running and have their modules imported already, instead of
+        # starting a second pool of workers for the files.
+        count = len(tasks)
+        jobs = self._spark.range(0, count, 1, count).mapInArrow(write_task, "name string, objects binary")
+        return {r.name: pickle.loads(r.objects) for r in jobs.collect()}
 
     def _roll(self, *, force: bool) -> None:
         failpoint("filesink.plan.before")
