@@ -15,14 +15,20 @@ from .errors import SinkOptionError
 MIN_FILL = 0.8
 """A size-driven file is closed once its estimated size reaches this fraction of the target."""
 
+MAX_FILL = 0.95
+"""Size-driven files are planned to at most this fraction of the target. The size is an estimate (log bytes
+times a ratio learned from earlier files), which is a few percent off from file to file; the headroom keeps
+files within the target when it is low."""
+
 
 @dataclass(frozen=True)
 class Rollover:
     """When to close a file; any rule that is reached closes it. ``None`` turns a rule off.
 
     - ``target_file_size``: bytes of Parquet. The file is closed at the last epoch that keeps its estimated
-      size within the target, once it holds at least ``MIN_FILL`` of it and one more epoch of the average size
-      would not fit (one epoch larger than the target makes a file of its own: epochs are never split).
+      size within ``MAX_FILL`` of the target, once it holds at least ``MIN_FILL`` of it and one more epoch of
+      the average size would not fit (one epoch larger than that makes a file of its own: epochs are never
+      split).
     - ``max_rows``: rows in one file (files close at the last epoch that stays within it).
     - ``max_age_seconds``: seconds since the oldest epoch the file holds was sealed; also fires while the
       stream is idle.
@@ -85,14 +91,14 @@ def choose_end_epoch(
         last = epochs[i - 1].epoch if i else None
         if rules.max_rows is not None and rows > rules.max_rows:
             return Decision(last if last is not None else e.epoch, "rows")
-        if rules.target_file_size is not None and size > rules.target_file_size:
+        if rules.target_file_size is not None and size > MAX_FILL * rules.target_file_size:
             return Decision(last if last is not None else e.epoch, "size")
         if rules.max_rows is not None and rows == rules.max_rows:
             return Decision(e.epoch, "rows")
         if rules.max_epochs is not None and i + 1 >= rules.max_epochs:
             return Decision(e.epoch, "epochs")
     target = rules.target_file_size
-    if target is not None and size >= MIN_FILL * target and size + size / len(epochs) > target:
+    if target is not None and size >= MIN_FILL * target and size + size / len(epochs) > MAX_FILL * target:
         # Full enough, and one more epoch of the average size would not fit: close now.
         return Decision(epochs[-1].epoch, "size")
     return None

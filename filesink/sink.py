@@ -46,6 +46,7 @@ from .fencing import PREFIX, term_dir
 from .lock import StateLock
 from .planner import plan
 from .rollover import Rollover
+from .sizing import Sample, sample_ratio
 from .state import PlannedFile, SinkState, nullable_schema
 from .writer import FileTask, OutputLocation, WrittenObject, write_file
 
@@ -135,6 +136,7 @@ class ExactlyOnceParquetSink:
         ensure_dir(state)
         self.state_dir = state
         self._row_group_rows = row_group_rows
+        self._sample: Sample | None = None
         self._compression = compression
         self._lock = threading.RLock()
         self._state_lock = StateLock(state)
@@ -339,16 +341,33 @@ class ExactlyOnceParquetSink:
         jobs = self._spark.range(0, count, 1, count).mapInArrow(write_task, "name string, objects binary")
         return {r.name: pickle.loads(r.objects) for r in jobs.collect()}
 
+    def _plan(self, *, force: bool) -> tuple[list[PlannedFile], list[int]]:
+        """Plan files with the best estimate of Parquet bytes per log byte: learned from the latest committed
+        files or, before the first, measured on a sample of the held rows (:mod:`filesink.sizing`). A sample is
+        encoded when the size rule would close a file with more rows than the last sample had, up to one row
+        group of them: the estimate improves as the backlog grows, and a new sink's first files reach the target.
+        """
+        now = time.time()
+        while True:
+            learned = self._state.bytes_per_log_byte()
+            ratio = learned if learned is not None else (self._sample.ratio if self._sample else 1.0)
+            files, idle = plan(
+                self._store, self.rollover, self.parallelism or 1, now=now, bytes_per_log_byte=ratio, force=force
+            )
+            if learned is not None:
+                return files, idle
+            sampled = self._sample.rows if self._sample else 0
+            if sampled >= self._row_group_rows:
+                return files, idle
+            larger = [f for f in files if f.reason == "size" and f.rows > sampled]
+            if not larger:
+                return files, idle
+            largest = max(larger, key=lambda f: f.rows)
+            self._sample = sample_ratio(self._file_task(largest, self._term), self._row_group_rows)
+
     def _roll(self, *, force: bool) -> None:
         failpoint("filesink.plan.before")
-        files, idle = plan(
-            self._store,
-            self.rollover,
-            self.parallelism or 1,
-            now=time.time(),
-            bytes_per_log_byte=self._state.bytes_per_log_byte(),
-            force=force,
-        )
+        files, idle = self._plan(force=force)
         written: dict[str, list[WrittenObject]] = {}
         if files:
             failpoint("filesink.precommit.before")

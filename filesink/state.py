@@ -219,9 +219,10 @@ class SinkState:
             term=term,
         )
 
-    def bytes_per_log_byte(self) -> float:
-        value: float = self.db.execute("SELECT bytes_per_log_byte FROM sink_config").fetchone()[0]
-        return value
+    def bytes_per_log_byte(self) -> float | None:
+        """Parquet bytes per log byte of the latest committed files; None before the first file is committed."""
+        value, files = self.db.execute("SELECT bytes_per_log_byte, files_written FROM sink_config").fetchone()
+        return float(value) if files else None
 
     # -- pending files -------------------------------------------------------------------------------
 

@@ -390,15 +390,7 @@ class _PartitionWriter:
                 sink = self.obj.open()
             failpoint("filesink.write.open.after", self.key)
             with self._errors("open"):
-                self._writer = pq.ParquetWriter(
-                    sink,
-                    self.schema,
-                    version=PARQUET_FORMAT_VERSION,
-                    compression=self.task.compression,
-                    use_dictionary=True,
-                    write_statistics=True,
-                    store_schema=True,
-                )
+                self._writer = pq.ParquetWriter(sink, self.schema, **parquet_options(self.task))
         return self._writer
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -449,6 +441,25 @@ class _PartitionWriter:
 # -- write_file ----------------------------------------------------------------------------------------------
 
 
+def parquet_options(task: FileTask) -> dict[str, Any]:
+    """How the task's Parquet objects are encoded (``pyarrow.parquet.ParquetWriter`` keyword arguments)."""
+    return {
+        "version": PARQUET_FORMAT_VERSION,
+        "compression": task.compression,
+        "use_dictionary": True,
+        "write_statistics": True,
+        "store_schema": True,
+    }
+
+
+def file_schemas(task: FileTask) -> tuple[pa.Schema, list[str], pa.Schema]:
+    """The task's rows' schema (checked against the task), its data columns, and the schema of its objects."""
+    schema = pa.ipc.read_schema(pa.py_buffer(task.schema_bytes))
+    _check_task(task, schema)
+    data_columns = [c for c in schema.names if c not in task.partition_by]
+    return schema, data_columns, pa.schema([schema.field(c) for c in data_columns], metadata=schema.metadata)
+
+
 def _check_task(task: FileTask, schema: pa.Schema) -> None:
     name = task.name
     if not name or name in {".", ".."} or "/" in name or "\\" in name or "\x00" in name:
@@ -467,7 +478,7 @@ def _check_task(task: FileTask, schema: pa.Schema) -> None:
         raise ValueError(f"file {name}: every column is a partition column; the files would have no columns")
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogBatch) -> pa.RecordBatch:
+def conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogBatch) -> pa.RecordBatch:
     """``batch`` with exactly ``schema`` (field metadata and nullability from it), or FileWriteError."""
     if batch.schema.equals(schema, check_metadata=True):
         return batch
@@ -492,7 +503,7 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: Log
     return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
 
-def _split(
+def split_partitions(
     batch: pa.RecordBatch, partition_by: tuple[str, ...], data_columns: list[str]
 ) -> list[tuple[str, pa.RecordBatch]]:
     """The rows of ``batch`` per partition directory, in input order within each, without the partition columns."""
@@ -533,10 +544,7 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
     :class:`FileWriteError` for write failures (nothing new is visible unless publishing itself failed part
     way) and lets log store errors (:class:`logstore.SegmentError`) through unchanged.
     """
-    schema = pa.ipc.read_schema(pa.py_buffer(task.schema_bytes))
-    _check_task(task, schema)
-    data_columns = [c for c in schema.names if c not in task.partition_by]
-    file_schema = pa.schema([schema.field(c) for c in data_columns], metadata=schema.metadata)
+    schema, data_columns, file_schema = file_schemas(task)
     attempt = uuid.uuid4().hex[:12]  # this run of the task: names its temp files and its records
     fence = dataclasses.replace(task.fence, attempt=attempt) if task.fence is not None else None
     target: _Target = _LocalTarget(output, task, attempt) if output.is_local else _UploadTarget(output, task, fence)
@@ -555,11 +563,11 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
 
     try:
         for item in read_plan(task.log.open(), task.plan):
-            batch = _conform(item.batch, schema, task, item)
+            batch = conform(item.batch, schema, task, item)
             if batch.num_rows == 0:
                 continue
             try:
-                pieces = _split(batch, task.partition_by, data_columns)
+                pieces = split_partitions(batch, task.partition_by, data_columns)
             except (pa.ArrowException, ValueError) as e:
                 raise FileWriteError(f"file {task.name}: cannot split rows by {list(task.partition_by)}: {e}") from e
             for directory, rows in pieces:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from filesink.errors import SinkOptionError
-from filesink.rollover import MIN_FILL, Decision, EpochBacklog, Rollover, choose_end_epoch
+from filesink.rollover import MAX_FILL, MIN_FILL, Decision, EpochBacklog, Rollover, choose_end_epoch
 
 NOW = 1_000_000.0
 
@@ -25,7 +25,9 @@ def test_size_closes_at_the_last_epoch_within_the_target():
     assert choose_end_epoch(rules, epochs(90, 90), now=NOW, bytes_per_log_byte=0.5) == Decision(1, "size")
     # 85 of 100 is full enough, but another epoch of the average size (5) still fits: keep filling
     assert choose_end_epoch(rules, epochs(*[10] * 17), now=NOW, bytes_per_log_byte=0.5) is None
-    assert choose_end_epoch(rules, epochs(*[10] * 20), now=NOW, bytes_per_log_byte=0.5) == Decision(19, "size")
+    # 95 of 100 (MAX_FILL) and another would not fit; with one more epoch there, the file still ends at 95
+    assert choose_end_epoch(rules, epochs(*[10] * 19), now=NOW, bytes_per_log_byte=0.5) == Decision(18, "size")
+    assert choose_end_epoch(rules, epochs(*[10] * 20), now=NOW, bytes_per_log_byte=0.5) == Decision(18, "size")
 
 
 def test_an_epoch_larger_than_the_target_is_a_file_of_its_own():
@@ -60,7 +62,8 @@ def test_rows_epochs_and_age():
 
 @given(st.lists(st.integers(1, 15), min_size=1, max_size=60), st.floats(0.2, 3.0))
 def test_size_driven_files_land_between_min_fill_and_the_target(sizes, ratio):
-    """With epochs smaller than (1 - MIN_FILL) of the target, every size-driven file is 0.8..1.0 x target."""
+    """With epochs smaller than (MAX_FILL - MIN_FILL) of the target, every size-driven file's estimate is 0.8..0.95
+    x target."""
     target = 100
     rules = Rollover(target_file_size=target, max_age_seconds=None)
     backlog = [EpochBacklog(i, 1, s / ratio * target / 100, NOW) for i, s in enumerate(sizes)]
@@ -74,7 +77,7 @@ def test_size_driven_files_land_between_min_fill_and_the_target(sizes, ratio):
             return
         held = [e for e in backlog if e.epoch <= decision.end_epoch]
         size = sum(e.log_bytes for e in held) * ratio
-        assert MIN_FILL * target - 1e-9 <= size <= target + 1e-9
+        assert MIN_FILL * target - 1e-9 <= size <= MAX_FILL * target + 1e-9
         backlog = backlog[len(held) :]
 
 
