@@ -82,7 +82,7 @@ class SinkRun:
     size_rolled: list[int] = field(default_factory=list)
     """Our sink: sizes of the files rolled by the size rule."""
     size_rolled_later: list[int] = field(default_factory=list)
-    """The same without each writer's first file (written before the sink learned its Parquet/log ratio)."""
+    """The same without each writer's first file (planned by a sampled Parquet/log ratio, before any commit)."""
     rollover: dict[str, Any] = field(default_factory=dict)
     load: tuple[float, float] = (0.0, 0.0)
 
@@ -520,8 +520,9 @@ def report(
         f"- ≥ {GOAL_IN_BAND:.0%} of size-rolled files within 0.8-1.0x of the target ({target / MiB:g} MiB, "
         f"runs (3), (4) and the 1-second run with that target): {len(in_band)} of {len(size_rolled)} "
         f"({band_share:.0%}): "
-        f"{verdict(band_share >= GOAL_IN_BAND)}; without each writer's first file (written before the sink has learned "
-        f"its Parquet-to-log ratio) {len(later_in_band)} of {len(later)} ({later_share:.0%}): "
+        f"{verdict(band_share >= GOAL_IN_BAND)}; without each writer's first file (planned by a sampled "
+        f"Parquet-to-log ratio, before the sink had committed a file) {len(later_in_band)} of {len(later)} "
+        f"({later_share:.0%}): "
         f"{verdict(later_share >= GOAL_IN_BAND)}.",
         f"- Restart time flat in history (ratio ≤ {GOAL_RESTART}): {long:,} against {short:,} epochs "
         f"{restart_ratio:.2f}: {verdict(restart_ratio <= GOAL_RESTART)}.",
