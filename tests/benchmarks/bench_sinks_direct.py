@@ -20,7 +20,6 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
-import resource
 import sqlite3
 import sys
 import time
@@ -123,11 +122,23 @@ def size(state: str, output: str) -> None:
     )
 
 
+def _status_bytes(field: str) -> int:
+    """A ``kB`` figure of ``/proc/self/status`` in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
 def _measured_write(output: OutputLocation, task: FileTask) -> tuple[list[WrittenObject], int, int, int]:
-    """In a fresh process: write one file; its peak RSS before and after, and pyarrow's peak allocation."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """In a fresh process: write one file; its RSS before, its peak RSS after, and pyarrow's peak allocation.
+
+    The peak is ``VmHWM``, the high-water mark of this process's own memory. Not ``ru_maxrss``: on Linux that
+    also counts the RSS of the process that started this one, at the moment it forked.
+    """
+    before = _status_bytes("VmRSS")
     objects = write_file(output, task)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_bytes("VmHWM")
     return objects, before, peak, pa.default_memory_pool().max_memory()
 
 

@@ -1,0 +1,169 @@
+"""Where a streaming run's time goes: our sink's steps next to Spark's own Parquet sink, on the same input.
+
+Not a test (pytest does not collect it). Run from the repository root::
+
+    python tests/benchmarks/bench_sinks_steps.py [--rows N] [--dir DIR]
+
+It generates the input of ``bench_sinks.py`` and runs, each in a child process with its own ``local[2]`` Spark
+session, the side-by-side setup of ``bench_sinks.py`` (available-now trigger, 2 input files per batch) through
+Spark's Parquet sink and through ours (local output, 16 MiB target at 10 M rows). For each it prints the query
+time, Spark's per-batch durations summed over the run (``addBatch`` is the time in the sink), and how busy the
+machine's CPUs were (``/proc/stat``). For ours it also prints the time spent in each step of the sink, measured
+by wrapping the sink's methods with timers (the benchmark's own hook; the sink has no such instrumentation).
+See ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_sinks_data as data
+
+FULL_TARGET = 16 * 2**20
+
+
+def _steps() -> list[tuple[Any, list[str]]]:
+    """The timed steps: the batch, its append job and its roll (plan, with the sample encodes of a new sink;
+    pre-commit; the file-writing job; commit), seal and garbage collection."""
+    import filesink.sink
+    import filesink.state
+    import logstore.store
+
+    return [
+        (filesink.sink.ExactlyOnceParquetSink, ["__call__", "_append", "_roll", "_plan", "_write"]),
+        (filesink.sink, ["sample_ratio"]),
+        (logstore.store.LogStore, ["seal", "collect_garbage"]),
+        (filesink.state.SinkState, ["precommit", "commit"]),
+    ]
+
+
+def _cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def _timed(owner: Any, name: str, times: collections.Counter[str], calls: collections.Counter[str]) -> None:
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            times[name] += time.perf_counter() - start
+            calls[name] += 1
+
+    setattr(owner, name, wrapper)
+
+
+def one(kind: str, input_dir: Path, work: Path, target: int) -> dict[str, Any]:
+    """Run one sink over the input in this process; the figures as a dict."""
+    from bench_sinks_jobs import spark_session
+
+    times: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+    if kind == "ours":
+        for owner, names in _steps():
+            for name in names:
+                _timed(owner, name, times, calls)
+    spark = spark_session(f"steps-{kind}", {})
+    stream = spark.readStream.schema(data.SPARK_SCHEMA).option("maxFilesPerTrigger", 2).parquet(str(input_dir))
+    sink = None
+    if kind == "ours":
+        from filesink import ExactlyOnceParquetSink, Rollover
+
+        sink = ExactlyOnceParquetSink(
+            str(work / "out"),
+            work / "state",
+            key_columns=data.KEY_COLUMNS,
+            parallelism=2,
+            rollover=Rollover(target_file_size=target, max_age_seconds=60),
+        )
+        writer = stream.writeStream.foreachBatch(sink)
+    else:
+        writer = stream.writeStream.format("parquet").option("path", str(work / "out"))
+    busy0, total0 = _cpu()
+    start = time.perf_counter()
+    query = writer.option("checkpointLocation", str(work / "checkpoint")).trigger(availableNow=True).start()
+    query.awaitTermination()
+    if sink is not None:
+        sink.flush()
+        sink.close()
+    seconds = time.perf_counter() - start
+    busy1, total1 = _cpu()
+    durations: collections.Counter[str] = collections.Counter()
+    for progress in query.recentProgress:
+        durations.update({k: v / 1000 for k, v in progress.durationMs.items()})
+    spark.stop()
+    return {
+        "seconds": seconds,
+        "batches": len(query.recentProgress),
+        "cpu_busy": (busy1 - busy0) / max(1, total1 - total0),
+        "durations": dict(durations),
+        "steps": {name: [times[name], calls[name]] for name in times},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Our sink's steps next to Spark's Parquet sink.")
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
+    parser.add_argument("--one", nargs=3, metavar=("KIND", "INPUT", "WORK"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    target = int(FULL_TARGET * data.file_rows(args.rows)[0] / 100_000)
+    if args.one:
+        kind, input_dir, work = args.one
+        print(json.dumps(one(kind, Path(input_dir), Path(work), target)), flush=True)
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="bench_steps-", dir=args.dir or Path.cwd()))
+    try:
+        data.generate(work / "input", args.rows)
+        results = {}
+        for kind in ("spark", "ours"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--rows",
+                    str(args.rows),
+                    "--one",
+                    kind,
+                    str(work / "input"),
+                    str(work / kind),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{args.rows:,} rows, local[2], available-now trigger, 2 input files per batch")
+        print("| | Spark's sink | ours |")
+        print("|---|---:|---:|")
+        spark, ours = results["spark"], results["ours"]
+        print(f"| run (s) | {spark['seconds']:.1f} | {ours['seconds']:.1f} |")
+        print(f"| rows/s | {args.rows / spark['seconds']:,.0f} | {args.rows / ours['seconds']:,.0f} |")
+        print(f"| CPU busy (2 cores) | {spark['cpu_busy']:.0%} | {ours['cpu_busy']:.0%} |")
+        for key in sorted(set(spark["durations"]) | set(ours["durations"])):
+            a, b = spark["durations"].get(key, 0.0), ours["durations"].get(key, 0.0)
+            print(f"| Spark `{key}` (s) | {a:.1f} | {b:.1f} |")
+        print("\nour sink's steps (s, calls):")
+        for name, (seconds, calls) in ours["steps"].items():
+            print(f"  {name:16} {seconds:7.2f}  {calls}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
