@@ -209,6 +209,42 @@ def _batch_latencies(kind: str, result: dict[str, Any], seen: dict[str, float], 
     return [visible[b] - ends[b] for b in sorted(ends) if rows_of.get(b, 0) > 0 and b in visible]
 
 
+def side_by_side_target(rows: int) -> int:
+    """The size rule's target of the side-by-side runs: 16 MiB at 10 M rows, scaled with the rows of an input
+    file, so that a batch is the same share of a file at every scale."""
+    return int(FULL_TARGET * data.file_rows(rows)[0] / 100_000)
+
+
+def job_spec(
+    label: str,
+    kind: str,
+    job: Path,
+    input_dir: Path,
+    rows: int,
+    output_url: str,
+    *,
+    trigger_seconds: float | None,
+    files_per_batch: int,
+    rollover: dict[str, Any],
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What ``bench_sinks_jobs.run`` runs: one sink over the input, its checkpoint and state under ``job``."""
+    return {
+        "name": label,
+        "kind": kind,
+        "input": str(input_dir),
+        "output": output_url,
+        "checkpoint": str(job / "checkpoint"),
+        "state": str(job / "state"),
+        "rows": rows,
+        "parallelism": PARALLELISM,
+        "max_files_per_trigger": files_per_batch,
+        "trigger_seconds": trigger_seconds,
+        "rollover": rollover,
+        "storage_options": storage_options,
+    }
+
+
 def run_sink(
     label: str,
     kind: str,
@@ -226,20 +262,18 @@ def run_sink(
     job = work / slug(label)
     shutil.rmtree(job, ignore_errors=True)
     job.mkdir(parents=True)
-    spec = {
-        "name": label,
-        "kind": kind,
-        "input": str(input_dir),
-        "output": output.url,
-        "checkpoint": str(job / "checkpoint"),
-        "state": str(job / "state"),
-        "rows": rows,
-        "parallelism": PARALLELISM,
-        "max_files_per_trigger": files_per_batch,
-        "trigger_seconds": trigger_seconds,
-        "rollover": rollover,
-        "storage_options": s3.storage_options() if s3 is not None else None,
-    }
+    spec = job_spec(
+        label,
+        kind,
+        job,
+        input_dir,
+        rows,
+        output.url,
+        trigger_seconds=trigger_seconds,
+        files_per_batch=files_per_batch,
+        rollover=rollover,
+        storage_options=s3.storage_options() if s3 is not None else None,
+    )
     spec_path = job / "spec.json"
     spec_path.write_text(json.dumps(spec))
     sub = {"spark": "_spark_metadata", "delta": "_delta_log", "ours": ""}[kind]
@@ -667,8 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     if long_history <= 100:
         parser.error("--history must be above 100")
     plot_path = args.plot or args.report.with_name("benchmarks-sinks.png")
-    # Scaled with the rows of an input file, so that a batch is the same share of a file at every scale.
-    target = int(FULL_TARGET * data.file_rows(args.rows)[0] / 100_000)
+    target = side_by_side_target(args.rows)
 
     started = time.monotonic()
     load_start = os.getloadavg()

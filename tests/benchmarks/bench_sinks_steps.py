@@ -4,11 +4,12 @@ Not a test (pytest does not collect it). Run from the repository root::
 
     python tests/benchmarks/bench_sinks_steps.py [--rows N] [--dir DIR]
 
-It generates the input of ``bench_sinks.py`` and runs, each in a child process with its own ``local[2]`` Spark
-session, the side-by-side setup of ``bench_sinks.py`` (available-now trigger, 2 input files per batch) through
-Spark's Parquet sink and through ours (local output, 16 MiB target at 10 M rows). For each it prints the query
-time, Spark's per-batch durations summed over the run (``addBatch`` is the time in the sink), and how busy the
-machine's CPUs were (``/proc/stat``). For ours it also prints the time spent in each step of the sink, measured
+It generates the input of ``bench_sinks.py`` and runs that script's job (``bench_sinks_jobs.run``, the
+side-by-side setup: available-now trigger, 2 input files per batch), each in a child process with its own
+``local[2]`` Spark session, through Spark's Parquet sink and through ours (local output, 16 MiB target at 10 M
+rows). For each it prints the run's time (as ``bench_sinks.py`` counts it), Spark's per-batch durations summed
+over the run (``addBatch`` is the time in the sink), and how busy the machine's CPUs were over the job, Spark's
+start-up included (``/proc/stat``). For ours it also prints the time spent in each step of the sink, measured
 by wrapping the sink's methods with timers (the benchmark's own hook; the sink has no such instrumentation).
 See ``docs/benchmarks.md``.
 """
@@ -27,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import bench_sinks_data as data
-
-FULL_TARGET = 16 * 2**20
 
 
 def _steps() -> list[tuple[Any, list[str]]]:
@@ -67,9 +66,10 @@ def _timed(owner: Any, name: str, times: collections.Counter[str], calls: collec
     setattr(owner, name, wrapper)
 
 
-def one(kind: str, input_dir: Path, work: Path, target: int) -> dict[str, Any]:
-    """Run one sink over the input in this process; the figures as a dict."""
-    from bench_sinks_jobs import spark_session
+def one(kind: str, input_dir: Path, work: Path, rows: int) -> dict[str, Any]:
+    """Run the benchmark's job of one sink (``bench_sinks_jobs.run``) in this process; the figures as a dict."""
+    import bench_sinks
+    import bench_sinks_jobs
 
     times: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()
@@ -77,38 +77,30 @@ def one(kind: str, input_dir: Path, work: Path, target: int) -> dict[str, Any]:
         for owner, names in _steps():
             for name in names:
                 _timed(owner, name, times, calls)
-    spark = spark_session(f"steps-{kind}", {})
-    stream = spark.readStream.schema(data.SPARK_SCHEMA).option("maxFilesPerTrigger", 2).parquet(str(input_dir))
-    sink = None
-    if kind == "ours":
-        from filesink import ExactlyOnceParquetSink, Rollover
-
-        sink = ExactlyOnceParquetSink(
-            str(work / "out"),
-            work / "state",
-            key_columns=data.KEY_COLUMNS,
-            parallelism=2,
-            rollover=Rollover(target_file_size=target, max_age_seconds=60),
-        )
-        writer = stream.writeStream.foreachBatch(sink)
-    else:
-        writer = stream.writeStream.format("parquet").option("path", str(work / "out"))
+    rollover = {
+        "target_file_size": bench_sinks.side_by_side_target(rows),
+        "max_age_seconds": bench_sinks.MAX_AGE_SECONDS,
+    }
+    spec = bench_sinks.job_spec(
+        f"steps-{kind}",
+        kind,
+        work,
+        input_dir,
+        rows,
+        str(work / "out"),
+        trigger_seconds=None,
+        files_per_batch=bench_sinks.FILES_PER_BATCH,
+        rollover=rollover if kind == "ours" else {},
+    )
     busy0, total0 = _cpu()
-    start = time.perf_counter()
-    query = writer.option("checkpointLocation", str(work / "checkpoint")).trigger(availableNow=True).start()
-    query.awaitTermination()
-    if sink is not None:
-        sink.flush()
-        sink.close()
-    seconds = time.perf_counter() - start
+    result = bench_sinks_jobs.run(spec)
     busy1, total1 = _cpu()
     durations: collections.Counter[str] = collections.Counter()
-    for progress in query.recentProgress:
-        durations.update({k: v / 1000 for k, v in progress.durationMs.items()})
-    spark.stop()
+    for progress in result["progress"]:
+        durations.update({k: v / 1000 for k, v in progress["durations_ms"].items()})
     return {
-        "seconds": seconds,
-        "batches": len(query.recentProgress),
+        "seconds": result["t_end"] - result["t_start"],
+        "batches": len(result["progress"]),
         "cpu_busy": (busy1 - busy0) / max(1, total1 - total0),
         "durations": dict(durations),
         "steps": {name: [times[name], calls[name]] for name in times},
@@ -121,10 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     parser.add_argument("--one", nargs=3, metavar=("KIND", "INPUT", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    target = int(FULL_TARGET * data.file_rows(args.rows)[0] / 100_000)
     if args.one:
         kind, input_dir, work = args.one
-        print(json.dumps(one(kind, Path(input_dir), Path(work), target)), flush=True)
+        print(json.dumps(one(kind, Path(input_dir), Path(work), args.rows)), flush=True)
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench_steps-", dir=args.dir or Path.cwd()))
     try:
