@@ -17,8 +17,8 @@ MIN_FILL = 0.8
 
 MAX_FILL = 0.95
 """Size-driven files are planned to at most this fraction of the target. The size is an estimate (log bytes
-times a ratio learned from earlier files), which is a few percent off from file to file; the headroom keeps
-files within the target when it is low."""
+times a ratio learned from earlier files, or measured on a sample before the first), which is a few percent
+off from file to file; the headroom keeps files within the target when it is low."""
 
 
 @dataclass(frozen=True)
