@@ -187,6 +187,53 @@ def append_breakdown(target: AppendTarget, table: pa.Table, directory: Path) -> 
     return stages  # the file stays until the end of the run
 
 
+# -- compressed blocks -----------------------------------------------------------------------------------
+
+CODECS = (None, "lz4", "zstd")
+"""Block compressions compared by :func:`compression_tradeoff` (None: the segments as they are)."""
+
+
+def compression_tradeoff(target: AppendTarget, table: pa.Table, directory: Path) -> dict[str, dict[str, float]]:
+    """What compressing each block of a segment would cost and save: per codec, the segment's MB, the CPU
+    seconds to serialize (and compress) its blocks, the seconds to write that many bytes durably, and the CPU
+    seconds to decompress and decode the blocks again (what the file writer would add when reading them).
+
+    The blocks are those of the segment (sorted by vnode, ``rows_per_block`` rows), each compressed whole with
+    pyarrow's codec, as a segment format with compressed blocks would store them. CPU time is the process's
+    (``time.process_time``), so a codec's own threads count too.
+    """
+    from logstore import segment
+    from logstore.append import _vnode_runs
+
+    vnodes = table[VNODE_COLUMN].combine_chunks()
+    order = pc.sort_indices(vnodes)
+    runs = _vnode_runs(vnodes.take(order), target, "benchmark")
+    batch = table.take(order).drop_columns([VNODE_COLUMN]).combine_chunks().to_batches()[0]
+    per_block = segment.rows_per_block(batch.nbytes, batch.num_rows, target.max_block_bytes)
+    blocks = [
+        batch.slice(first, min(per_block, start + count - first))
+        for _, start, count in runs
+        for first in range(start, start + count, per_block)
+    ]
+    results: dict[str, dict[str, float]] = {}
+    for codec in CODECS:
+        start = time.process_time()
+        encoded = []
+        for block in blocks:
+            buf = block.serialize()
+            encoded.append((pa.compress(buf, codec=codec, asbytes=False), buf.size) if codec else (buf, buf.size))
+        encode = time.process_time() - start
+        size = sum(buf.size for buf, _ in encoded)
+        write = raw_write(directory, os.urandom(size))
+        start = time.process_time()
+        for buf, raw_size in encoded:
+            plain = pa.decompress(buf, raw_size, codec=codec, asbytes=False) if codec else buf
+            pa.ipc.read_record_batch(plain, batch.schema)
+        decode = time.process_time() - start
+        results[codec or "none (today)"] = {"MB": size / MB, "encode": encode, "write": write, "decode": decode}
+    return results
+
+
 # -- main ------------------------------------------------------------------------------------------------
 
 
@@ -217,8 +264,9 @@ def run(rows: int, base: Path, repeat: int) -> None:
     types = ", ".join(f"{f.name} {f.type}" for f in table.schema)
     print(f"table: generated in {elapsed:.2f} s, {table.nbytes / MB:.1f} MB in memory ({types})")
 
-    # Per round: one segment, two raw files and one breakdown file, all kept; plus the warm-up segment.
-    needed = int(table.nbytes * (4 * repeat + 1) * 1.1)
+    # Per round: one segment, two raw files, one breakdown file and the compressed-block files (at most two
+    # segments' worth), all kept; plus the warm-up segment.
+    needed = int(table.nbytes * (6 * repeat + 1) * 1.1)
     free = shutil.disk_usage(base).free
     if free < needed:
         raise SystemExit(
@@ -255,12 +303,17 @@ def run(rows: int, base: Path, repeat: int) -> None:
         raw_writes: list[float] = []
         shm_appends: list[float] = []
         breakdowns: list[dict[str, float]] = []
+        tradeoffs: list[dict[str, dict[str, float]]] = []
+        append_cpu: list[tuple[float, float]] = []  # (user, kernel) CPU seconds of each append, all threads
         print()
         print("MB/s, MB = 10^6 bytes of the segment file; raw write = before / after the append")
         print(f"{'round':>5} | {'append':>7} {'raw write':>11} {'ratio':>6} | {'read':>7} {'raw read':>8} {'ratio':>6}")
         for epoch in range(1, repeat + 1):
             t_before = raw_write(raw_dir, payload)
+            cpu = os.times()
             t_append, desc = timed(lambda e=epoch: append_segment(store.target, e, table, writer_id="bench"))
+            cpu_after = os.times()
+            append_cpu.append((cpu_after.user - cpu.user, cpu_after.system - cpu.system))
             t_after = raw_write(raw_dir, payload)
             t_raw_write = (t_before + t_after) / 2
             store.seal(epoch, [desc])
@@ -299,6 +352,7 @@ def run(rows: int, base: Path, repeat: int) -> None:
                 os.unlink(shm_work / shm_desc.name)
             try:
                 breakdowns.append(append_breakdown(store.target, table, scratch))
+                tradeoffs.append(compression_tradeoff(store.target, table, scratch))
             except Exception as e:  # the breakdown uses internals; never let it sink the benchmark
                 if not breakdowns:
                     print(f"      (append breakdown unavailable: {type(e).__name__}: {e})")
@@ -309,6 +363,11 @@ def run(rows: int, base: Path, repeat: int) -> None:
         print()
         print(f"median of {repeat} round(s), {size / MB:.1f} MB segment of {rows:,} rows:")
         print(f"  append               {med['append']:7.0f} MB/s  {t_append_med:.3f} s")
+        print(
+            f"    CPU of the append    user {median([u for u, _ in append_cpu]):.3f} s, kernel "
+            f"{median([k for _, k in append_cpu]):.3f} s (all threads; the kernel's share is mostly copying the "
+            "segment into the page cache)"
+        )
         print(f"  raw write + fsync    {med['raw_write']:7.0f} MB/s  {size / MB / med['raw_write']:.3f} s")
         print(
             f"  append / raw write   {med['append_ratio']:7.2f}       goal >= {APPEND_GOAL}: "
@@ -342,6 +401,17 @@ def run(rows: int, base: Path, repeat: int) -> None:
             for key, value in stage_medians.items():
                 print(f"  {key:<46} {value:.3f} s  {value / total:4.0%}")
             print(f"  {'sum of stages':<46} {total:.3f} s")
+        if tradeoffs:
+            print()
+            print("compressed blocks, medians (each block compressed whole with pyarrow's codec; CPU seconds of this")
+            print("process; the write is of that many bytes with the durable steps; decode is what reading adds):")
+            print(f"  {'codec':<14} {'MB':>7} {'encode s':>9} {'write s':>8} {'encode+write':>13} {'decode s':>9}")
+            for codec in tradeoffs[0]:
+                m = {k: median([t[codec][k] for t in tradeoffs]) for k in tradeoffs[0][codec]}
+                print(
+                    f"  {codec:<14} {m['MB']:>7.1f} {m['encode']:>9.3f} {m['write']:>8.3f} "
+                    f"{m['encode'] + m['write']:>13.3f} {m['decode']:>9.3f}"
+                )
         if not goal_met:
             print(
                 f"append ratio {med['append_ratio']:.2f} is below {APPEND_GOAL}: the CPU work (sort/take and encode) "
