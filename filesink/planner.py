@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections import defaultdict
 
 from logstore import LogStore
 
+from .backlog import BacklogTracker
 from .rollover import EpochBacklog, Rollover, choose_end_epoch
 from .state import PlannedFile
 
@@ -46,40 +46,26 @@ def plan(
     now: float,
     bytes_per_log_byte: float,
     force: bool = False,
+    backlog: BacklogTracker | None = None,
 ) -> tuple[list[PlannedFile], list[int]]:
     """The files to write now, and the vnodes that hold nothing (their truncate points can just advance).
 
-    With ``force`` (flush), every writer with data writes a file up to the last sealed epoch.
+    With ``force`` (flush), every writer with data writes a file up to the last sealed epoch. ``backlog`` keeps
+    what the log store holds between calls (a sink plans at every batch); without it, it is read whole.
     """
-    held: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)  # vnode -> epoch -> (rows, bytes)
-    sealed_at: dict[int, float] = {}
-    for vnode, epoch, rows, size, at in store.db.execute(
-        """
-        SELECT sv.vnode, sv.epoch, SUM(sv.rows), SUM(sv.bytes), e.sealed_at
-        FROM log_segment_vnodes sv
-        JOIN log_vnodes v ON v.vnode = sv.vnode
-        JOIN log_epochs e ON e.epoch = sv.epoch
-        WHERE sv.epoch > v.truncated_epoch
-        GROUP BY sv.vnode, sv.epoch
-        """
-    ):
-        held[vnode][epoch] = (rows, size)
-        sealed_at[epoch] = at
-    points = store.truncate_points()
+    tracker = backlog or BacklogTracker(store)
+    held_now = tracker.refresh()
+    held, sealed_at, points = held_now.epochs, held_now.sealed_at, held_now.points
+    writers = writer_ranges(store.vnodes, parallelism)
     files: list[PlannedFile] = []
-    for writer in writer_ranges(store.vnodes, parallelism):
-        per_epoch: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-        for v in writer:
-            for epoch, (rows, size) in held.get(v, {}).items():
-                per_epoch[epoch][0] += rows
-                per_epoch[epoch][1] += size
+    for writer, per_epoch in zip(writers, tracker.totals(writers), strict=True):
         if not per_epoch:
             continue
-        backlog = [EpochBacklog(e, r, b, sealed_at[e]) for e, (r, b) in sorted(per_epoch.items())]
+        epochs = [EpochBacklog(e, t[0], t[1], sealed_at[e]) for e, t in sorted(per_epoch.items())]
         if force:
-            end, reason = backlog[-1].epoch, "flush"
+            end, reason = epochs[-1].epoch, "flush"
         else:
-            decision = choose_end_epoch(rules, backlog, now=now, bytes_per_log_byte=bytes_per_log_byte)
+            decision = choose_end_epoch(rules, epochs, now=now, bytes_per_log_byte=bytes_per_log_byte)
             if decision is None:
                 continue
             end, reason = decision.end_epoch, decision.reason
@@ -88,5 +74,4 @@ def plan(
         size = sum(b for v in starts for e, (_, b) in held[v].items() if e <= end)
         name = file_name(store.sink_id, writer, starts, end)
         files.append(PlannedFile(name, writer.start, writer.stop - 1, starts, end, rows, size, reason))
-    idle = [v for v in range(store.vnodes) if v not in held]
-    return files, idle
+    return files, held_now.idle

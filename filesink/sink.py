@@ -35,6 +35,7 @@ from logstore import STATE_DB_NAME, VNODE_COLUMN, LogStore, SegmentDescriptor, a
 from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
 
+from .backlog import BacklogTracker
 from .errors import (
     CheckpointMismatchError,
     SchemaMismatchError,
@@ -157,6 +158,7 @@ class ExactlyOnceParquetSink:
             """The :class:`recovery.resolve.RecoveryPlan` that start-up recovery carried out."""
             with self._state_errors("start-up recovery"):
                 self._recover()
+            self._backlog = BacklogTracker(self._store)
         except BaseException:
             store = getattr(self, "_store", None)
             if store is not None:
@@ -352,7 +354,13 @@ class ExactlyOnceParquetSink:
             learned = self._state.bytes_per_log_byte()
             ratio = learned if learned is not None else (self._sample.ratio if self._sample else 1.0)
             files, idle = plan(
-                self._store, self.rollover, self.parallelism or 1, now=now, bytes_per_log_byte=ratio, force=force
+                self._store,
+                self.rollover,
+                self.parallelism or 1,
+                now=now,
+                bytes_per_log_byte=ratio,
+                force=force,
+                backlog=self._backlog,
             )
             if learned is not None:
                 return files, idle
