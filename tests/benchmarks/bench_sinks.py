@@ -529,10 +529,8 @@ def report(
     sized_runs = [r for r in ours + trigger_runs if r.rollover.get("target_file_size") == target]
     size_rolled = [s for r in sized_runs for s in r.size_rolled]
     in_band = [s for s in size_rolled if 0.8 * target <= s <= target]
-    band_share = len(in_band) / len(size_rolled) if size_rolled else float("nan")
     later = [s for r in sized_runs for s in r.size_rolled_later]
     later_in_band = [s for s in later if 0.8 * target <= s <= target]
-    later_share = len(later_in_band) / len(later) if later else float("nan")
     t_spark, t_default, t_ours = trigger_runs
     fewer = len(t_spark.files) / max(1, len(t_default.files))
     fewer_sized = len(t_spark.files) / max(1, len(t_ours.files))
@@ -541,6 +539,13 @@ def report(
 
     def verdict(ok: bool) -> str:
         return "**holds**" if ok else "**does not hold**"
+
+    def share(part: list[int], whole: list[int]) -> str:
+        """``part`` of ``whole`` files in the band, and the verdict; no verdict when there are none to judge."""
+        if not whole:
+            return "no such files in this run (too few rows for the target): not measured"
+        fraction = len(part) / len(whole)
+        return f"{len(part)} of {len(whole)} ({fraction:.0%}): {verdict(fraction >= GOAL_IN_BAND)}"
 
     local, remote = (r.rows_per_second / spark.rows_per_second for r in (ours[0], ours[-1]))
     goals = [
@@ -552,12 +557,9 @@ def report(
         f"with the {target / MiB:g} MiB target {len(t_ours.files):,}, {fewer_sized:.1f}x: "
         f"{verdict(fewer_sized >= GOAL_FEWER_FILES)}.",
         f"- ≥ {GOAL_IN_BAND:.0%} of size-rolled files within 0.8-1.0x of the target ({target / MiB:g} MiB, "
-        f"runs (3), (4) and the 1-second run with that target): {len(in_band)} of {len(size_rolled)} "
-        f"({band_share:.0%}): "
-        f"{verdict(band_share >= GOAL_IN_BAND)}; without each writer's first file (planned by a sampled "
-        f"Parquet-to-log ratio, before the sink had committed a file) {len(later_in_band)} of {len(later)} "
-        f"({later_share:.0%}): "
-        f"{verdict(later_share >= GOAL_IN_BAND)}.",
+        f"runs (3), (4) and the 1-second run with that target): {share(in_band, size_rolled)}; without each "
+        "writer's first file (planned by a sampled Parquet-to-log ratio, before the sink had committed a file) "
+        f"{share(later_in_band, later)}.",
         f"- Restart time flat in history (ratio ≤ {GOAL_RESTART}): {long:,} against {short:,} epochs "
         f"{restart_ratio:.2f}: {verdict(restart_ratio <= GOAL_RESTART)}.",
         f"- State size flat in history (ratio ≤ {GOAL_STATE}): {long:,} against {mid:,} epochs {state_ratio:.2f}: "
