@@ -352,44 +352,54 @@ class History:
     state_used: int
 
 
-def history_run(work: Path, epochs: int, rows_per_epoch: int, restarts: int = 3) -> History:
-    """Build ``epochs`` of history, SIGKILL the sink in the middle of the next epoch, then time ``restarts``
-    start-ups (each also killed after one more epoch), then open and close it cleanly and size its database."""
-    job = work / f"history-{epochs}"
-    shutil.rmtree(job, ignore_errors=True)
-    job.mkdir(parents=True)
-    state, out, log = str(job / "state"), str(job / "out"), job / "history.log"
-    child = _direct(["history", state, out, str(epochs), str(rows_per_epoch)], log)
-    built = _read_json_line(child, "done", log)
-    _kill(child)  # in the middle of the next epoch
-    times: list[float] = []
-    recovered: list[int] = []
-    for i in range(restarts):
-        rlog = job / f"restart-{i}.log"
-        child = _direct(["restart", state, out], rlog)
-        started = _read_json_line(child, "start_seconds", rlog)
-        _read_json_line(child, "ready", rlog)
-        _kill(child)
-        times.append(started["start_seconds"])
-        recovered.append(started["recovered_files"])
-    slog = job / "size.log"
-    child = _direct(["size", state, out], slog)
-    sized = _read_json_line(child, "file_bytes", slog)
-    child.wait()
-    result = History(
-        epochs,
-        built["seconds"],
-        times,
-        recovered,
-        sized["file_bytes"] + sized["wal_bytes"],
-        sized["used_bytes"],
-    )
-    print(
-        f"  history {epochs:,} epochs: built in {result.build_seconds:.0f} s; start-up after SIGKILL "
-        f"{', '.join(f'{t:.3f}' for t in times)} s; state database {result.state_bytes:,} bytes",
-        flush=True,
-    )
-    return result
+RESTART_ROUNDS = 5
+"""Start-ups timed per history: one per history in each round, the histories in turn."""
+
+
+def history_runs(
+    work: Path, epochs: list[int], rows_per_epoch: int, rounds: int = RESTART_ROUNDS
+) -> dict[int, History]:
+    """For each number of epochs: build that history and SIGKILL the sink in the middle of the next epoch. Then
+    time start-ups in ``rounds`` rounds, each starting every history's sink once (each also killed after one
+    more epoch), so that a slow moment of the machine falls on all histories alike, not on one. Then open and
+    close each sink cleanly and size its database."""
+    jobs: dict[int, Path] = {}
+    built: dict[int, float] = {}
+    for n in epochs:
+        job = jobs[n] = work / f"history-{n}"
+        shutil.rmtree(job, ignore_errors=True)
+        job.mkdir(parents=True)
+        log = job / "history.log"
+        child = _direct(["history", str(job / "state"), str(job / "out"), str(n), str(rows_per_epoch)], log)
+        built[n] = _read_json_line(child, "done", log)["seconds"]
+        _kill(child)  # in the middle of the next epoch
+        print(f"  history {n:,} epochs: built in {built[n]:.0f} s", flush=True)
+    times: dict[int, list[float]] = {n: [] for n in epochs}
+    recovered: dict[int, list[int]] = {n: [] for n in epochs}
+    for i in range(rounds):
+        for n, job in jobs.items():
+            rlog = job / f"restart-{i}.log"
+            child = _direct(["restart", str(job / "state"), str(job / "out")], rlog)
+            started = _read_json_line(child, "start_seconds", rlog)
+            _read_json_line(child, "ready", rlog)
+            _kill(child)
+            times[n].append(started["start_seconds"])
+            recovered[n].append(started["recovered_files"])
+    results: dict[int, History] = {}
+    for n, job in jobs.items():
+        slog = job / "size.log"
+        child = _direct(["size", str(job / "state"), str(job / "out")], slog)
+        sized = _read_json_line(child, "file_bytes", slog)
+        child.wait()
+        results[n] = History(
+            n, built[n], times[n], recovered[n], sized["file_bytes"] + sized["wal_bytes"], sized["used_bytes"]
+        )
+        print(
+            f"  history {n:,} epochs: start-up after SIGKILL {', '.join(f'{t:.3f}' for t in times[n])} s; "
+            f"state database {results[n].state_bytes:,} bytes",
+            flush=True,
+        )
+    return results
 
 
 @dataclass
@@ -759,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
             side_by_side("ours, local", "ours", 1.0, 1),
         ]
         print("history (sink driven without Spark, see docs/benchmarks.md):", flush=True)
-        histories = {n: history_run(work, n, 1000) for n in (10, 100, long_history)}
+        histories = history_runs(work, [10, 100, long_history], 1000)
         print("writer memory:", flush=True)
         writers = [writer_memory(work, t, inputs) for t in (64 * MiB, 1024 * MiB)]
 
