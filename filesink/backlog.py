@@ -2,9 +2,10 @@
 memory and brought up to date at each plan by reading only what changed.
 
 Reading the whole backlog from the state database costs about 1 µs per held (vnode, epoch, segment) row: with
-the default 300-second age rule at 1-second triggers, 256 vnodes and two append tasks per batch, about 150,000
-rows and 150 ms at every batch. What can change between two plans of a running sink is little, and of two
-kinds only, because the sink holds the state directory's lock and sealed epochs never change:
+the default 300-second age rule at 1-second triggers, 256 vnodes and two append tasks per batch, 153,600 rows
+and about 170 ms at every batch (``tests/benchmarks/bench_planner.py``). What can change between two plans of
+a running sink is little, and of two kinds only, because the sink holds the state directory's lock and sealed
+epochs never change:
 
 - epochs sealed since the last plan: read through their segments (the held rows of ``log_segments``, one per
   segment, then the new segments' vnode rows by index; ``CROSS JOIN`` keeps SQLite from scanning every vnode
