@@ -139,7 +139,9 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 # -- append breakdown ------------------------------------------------------------------------------------
 
 
-def append_breakdown(target: AppendTarget, table: pa.Table, directory: Path) -> dict[str, float]:
+def append_breakdown(
+    target: AppendTarget, table: pa.Table, directory: Path
+) -> tuple[dict[str, float], pa.RecordBatch, list[tuple[int, int, int]]]:
     """Seconds per stage of ``append_segment``, each stage redone separately with the log store's internals.
 
     The work of ``logstore/append.py`` done one stage after the other on the whole table: order check and
@@ -147,7 +149,7 @@ def append_breakdown(target: AppendTarget, table: pa.Table, directory: Path) -> 
     ``segment.encode`` (IPC serialization and CRC-32 per block, footer), then ``storage.write_durable`` of the
     encoded parts on the benchmark's disk. ``append_segment`` does the same work group by group (``take`` and
     encode of about ``GROUP_BYTES`` of rows at a time) while a writer thread writes the previous groups, so
-    one append takes less than the sum of these stages.
+    one append takes less than the sum of these stages. Also returns the sorted rows and their vnode runs.
     """
     from logstore import segment, storage
     from logstore.append import _vnode_runs
@@ -184,7 +186,7 @@ def append_breakdown(target: AppendTarget, table: pa.Table, directory: Path) -> 
     start = time.perf_counter()
     storage.write_durable(path, parts)
     stages["durable write (write+fsync+rename+dir fsync)"] = time.perf_counter() - start
-    return stages  # the file stays until the end of the run
+    return stages, batch, runs  # the file stays until the end of the run
 
 
 # -- compressed blocks -----------------------------------------------------------------------------------
@@ -193,34 +195,28 @@ CODECS = (None, "lz4", "zstd")
 """Block compressions compared by :func:`compression_tradeoff` (None: the segments as they are)."""
 
 
-def compression_tradeoff(target: AppendTarget, table: pa.Table, directory: Path) -> dict[str, dict[str, float]]:
+def compression_tradeoff(
+    target: AppendTarget, batch: pa.RecordBatch, runs: list[tuple[int, int, int]], directory: Path
+) -> dict[str, dict[str, float]]:
     """What compressing each block of a segment would cost and save: per codec, the segment's MB, the CPU
-    seconds to serialize (and compress) its blocks, the seconds to write that many bytes durably, and the CPU
-    seconds to decompress and decode the blocks again (what the file writer would add when reading them).
+    seconds to encode its blocks (as the log store does: IPC serialization and CRC-32) and compress them, the
+    seconds to write that many bytes durably, and the CPU seconds to decompress and decode the blocks again
+    (what the file writer would add when reading them).
 
-    The blocks are those of the segment (sorted by vnode, ``rows_per_block`` rows), each compressed whole with
-    pyarrow's codec, as a segment format with compressed blocks would store them. CPU time is the process's
+    ``batch`` and ``runs`` are the rows sorted by vnode and their vnode runs (:func:`append_breakdown`); the
+    blocks are those the segment encoder makes of them, each compressed whole with pyarrow's codec, as a
+    segment format with compressed blocks would store them. CPU time is the process's
     (``time.process_time``), so a codec's own threads count too.
     """
     from logstore import segment
-    from logstore.append import _vnode_runs
 
-    vnodes = table[VNODE_COLUMN].combine_chunks()
-    order = pc.sort_indices(vnodes)
-    runs = _vnode_runs(vnodes.take(order), target, "benchmark")
-    batch = table.take(order).drop_columns([VNODE_COLUMN]).combine_chunks().to_batches()[0]
     per_block = segment.rows_per_block(batch.nbytes, batch.num_rows, target.max_block_bytes)
-    blocks = [
-        batch.slice(first, min(per_block, start + count - first))
-        for _, start, count in runs
-        for first in range(start, start + count, per_block)
-    ]
     results: dict[str, dict[str, float]] = {}
     for codec in CODECS:
         start = time.process_time()
         encoded = []
-        for block in blocks:
-            buf = block.serialize()
+        encoder = segment.SegmentEncoder(name="tradeoff", epoch=0, sink_id=target.sink_id)
+        for buf in encoder.blocks(batch, runs, per_block):
             encoded.append((pa.compress(buf, codec=codec, asbytes=False), buf.size) if codec else (buf, buf.size))
         encode = time.process_time() - start
         size = sum(buf.size for buf, _ in encoded)
@@ -351,8 +347,9 @@ def run(rows: int, base: Path, repeat: int) -> None:
                 shm_appends.append(t_shm)
                 os.unlink(shm_work / shm_desc.name)
             try:
-                breakdowns.append(append_breakdown(store.target, table, scratch))
-                tradeoffs.append(compression_tradeoff(store.target, table, scratch))
+                stages, sorted_rows, runs = append_breakdown(store.target, table, scratch)
+                breakdowns.append(stages)
+                tradeoffs.append(compression_tradeoff(store.target, sorted_rows, runs, scratch))
             except Exception as e:  # the breakdown uses internals; never let it sink the benchmark
                 if not breakdowns:
                     print(f"      (append breakdown unavailable: {type(e).__name__}: {e})")
