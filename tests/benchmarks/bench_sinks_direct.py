@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from bench_sinks_data import make_batch
+from bench_sinks_monitor import status
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.writer import FileTask, OutputLocation, WrittenObject, write_file
@@ -122,23 +123,15 @@ def size(state: str, output: str) -> None:
     )
 
 
-def _status_bytes(field: str) -> int:
-    """A ``kB`` figure of ``/proc/self/status`` in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _measured_write(output: OutputLocation, task: FileTask) -> tuple[list[WrittenObject], int, int, int]:
     """In a fresh process: write one file; its RSS before, its peak RSS after, and pyarrow's peak allocation.
 
     The peak is ``VmHWM``, the high-water mark of this process's own memory. Not ``ru_maxrss``: on Linux that
     also counts the RSS of the process that started this one, at the moment it forked.
     """
-    before = _status_bytes("VmRSS")
+    before = status(os.getpid())["VmRSS"]
     objects = write_file(output, task)
-    peak = _status_bytes("VmHWM")
+    peak = status(os.getpid())["VmHWM"]
     return objects, before, peak, pa.default_memory_pool().max_memory()
 
 

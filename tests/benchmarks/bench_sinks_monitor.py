@@ -37,7 +37,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _status(pid: int) -> dict[str, int]:
+def status(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak RSS) of a process, in bytes (empty if it is gone)."""
     values: dict[str, int] = {}
     try:
@@ -93,16 +93,16 @@ class MemorySampler:
 
     def sample(self) -> None:
         p = self.peaks
-        p.driver_python = max(p.driver_python, _status(self.pid).get("VmHWM", 0))
+        p.driver_python = max(p.driver_python, status(self.pid).get("VmHWM", 0))
         workers = 0
         for pid in descendants(self.pid):
             name = _exe_name(pid)
-            status = _status(pid)
+            memory = status(pid)
             if name == "java":
-                p.jvm = max(p.jvm, status.get("VmHWM", 0))
+                p.jvm = max(p.jvm, memory.get("VmHWM", 0))
             elif name.startswith("python"):
-                workers += status.get("VmRSS", 0)
-                p.worker_max = max(p.worker_max, status.get("VmHWM", 0))
+                workers += memory.get("VmRSS", 0)
+                p.worker_max = max(p.worker_max, memory.get("VmHWM", 0))
         p.workers = max(p.workers, workers)
 
 
