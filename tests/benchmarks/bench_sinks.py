@@ -209,10 +209,14 @@ def _batch_latencies(kind: str, result: dict[str, Any], seen: dict[str, float], 
     return [visible[b] - ends[b] for b in sorted(ends) if rows_of.get(b, 0) > 0 and b in visible]
 
 
-def side_by_side_target(rows: int) -> int:
-    """The size rule's target of the side-by-side runs: 16 MiB at 10 M rows, scaled with the rows of an input
-    file, so that a batch is the same share of a file at every scale."""
-    return int(FULL_TARGET * data.file_rows(rows)[0] / 100_000)
+def side_by_side_rollover(rows: int) -> dict[str, Any]:
+    """Our sink's rollover in the side-by-side runs (``Rollover`` keywords): a 60-second age rule and a target of
+    16 MiB at 10 M rows, scaled with the rows of an input file, so that a batch is the same share of a file at
+    every scale."""
+    return {
+        "target_file_size": int(FULL_TARGET * data.file_rows(rows)[0] / 100_000),
+        "max_age_seconds": MAX_AGE_SECONDS,
+    }
 
 
 def job_spec(
@@ -713,7 +717,8 @@ def main(argv: list[str] | None = None) -> int:
     if long_history <= 100:
         parser.error("--history must be above 100")
     plot_path = args.plot or args.report.with_name("benchmarks-sinks.png")
-    target = side_by_side_target(args.rows)
+    sized = side_by_side_rollover(args.rows)
+    target = sized["target_file_size"]
 
     started = time.monotonic()
     load_start = os.getloadavg()
@@ -729,8 +734,6 @@ def main(argv: list[str] | None = None) -> int:
         inputs = data.generate(input_dir, args.rows)
         print(f"input: {len(inputs)} files, {sum(p.stat().st_size for p in inputs) / MB:.1f} MB", flush=True)
         s3 = server.start()
-
-        sized = {"target_file_size": target, "max_age_seconds": MAX_AGE_SECONDS}
 
         def side_by_side(
             label: str,

@@ -77,10 +77,6 @@ def one(kind: str, input_dir: Path, work: Path, rows: int) -> dict[str, Any]:
         for owner, names in _steps():
             for name in names:
                 _timed(owner, name, times, calls)
-    rollover = {
-        "target_file_size": bench_sinks.side_by_side_target(rows),
-        "max_age_seconds": bench_sinks.MAX_AGE_SECONDS,
-    }
     spec = bench_sinks.job_spec(
         f"steps-{kind}",
         kind,
@@ -90,7 +86,7 @@ def one(kind: str, input_dir: Path, work: Path, rows: int) -> dict[str, Any]:
         str(work / "out"),
         trigger_seconds=None,
         files_per_batch=bench_sinks.FILES_PER_BATCH,
-        rollover=rollover if kind == "ours" else {},
+        rollover=bench_sinks.side_by_side_rollover(rows) if kind == "ours" else {},
     )
     busy0, total0 = _cpu()
     result = bench_sinks_jobs.run(spec)
