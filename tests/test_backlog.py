@@ -31,8 +31,9 @@ def _seal(store: LogStore, rng: random.Random, epoch: int) -> None:
 
 
 def _truncate(store: LogStore, rng: random.Random) -> None:
-    """Move some truncate points forward, to random sealed epochs (sometimes whole writer ranges at once, as
-    a commit does, sometimes single vnodes, as after a rescale)."""
+    """Move the truncate points of a random subset of the vnodes forward, each to a random sealed epoch (not in
+    whole writer ranges, as a commit would: vnodes of one range end up at different points, as after a
+    rescale)."""
     last = store.last_sealed_epoch
     points = store.truncate_points()
     chosen = rng.sample(range(VNODES), rng.randrange(1, VNODES + 1))
