@@ -7,9 +7,7 @@ and about 170 ms at every batch (``tests/benchmarks/bench_planner.py``). What ca
 a running sink is little, and of two kinds only, because the sink holds the state directory's lock and sealed
 epochs never change:
 
-- epochs sealed since the last plan: read through their segments (the held rows of ``log_segments``, one per
-  segment, then the new segments' vnode rows by index; ``CROSS JOIN`` keeps SQLite from scanning every vnode
-  row instead);
+- epochs sealed since the last plan: read through their segments (:meth:`logstore.LogStore.backlog_changes`);
 - truncate points, which only move forward (one row per vnode): what they released is dropped from memory.
 
 Which vnodes hold nothing (the planner's idle vnodes, whose truncate points a commit advances to the last
@@ -26,29 +24,6 @@ from dataclasses import dataclass
 from logstore import LogStore
 
 log = logging.getLogger(__name__)
-
-_WHOLE = """
-    SELECT sv.vnode, sv.epoch, SUM(sv.rows), SUM(sv.bytes), e.sealed_at
-    FROM log_segment_vnodes sv
-    JOIN log_vnodes v ON v.vnode = sv.vnode
-    JOIN log_epochs e ON e.epoch = sv.epoch
-    WHERE sv.epoch > v.truncated_epoch
-    GROUP BY sv.vnode, sv.epoch
-"""
-
-_SEALED_SINCE = """
-    SELECT sv.vnode, s.epoch, SUM(sv.rows), SUM(sv.bytes), e.sealed_at
-    FROM log_segments s
-    CROSS JOIN log_segment_vnodes sv ON sv.segment_id = s.segment_id
-    JOIN log_epochs e ON e.epoch = s.epoch
-    WHERE s.epoch > ? AND s.epoch <= ?
-    GROUP BY sv.vnode, s.epoch
-"""
-
-_HOLDING = """
-    SELECT v.vnode FROM log_vnodes v
-    WHERE EXISTS (SELECT 1 FROM log_segment_vnodes sv WHERE sv.vnode = v.vnode AND sv.epoch > v.truncated_epoch)
-"""
 
 
 @dataclass(frozen=True)
@@ -82,14 +57,7 @@ class BacklogTracker:
     def refresh(self, *, check: bool = True) -> Held:
         """Bring the memory up to date with the log store and return it."""
         store = self._store
-        with store.db.atomic():  # one consistent view of the four reads
-            last = store.last_sealed_epoch
-            points = store.truncate_points()
-            holding = {row[0] for row in store.db.execute(_HOLDING)}
-            if self._loaded is None:
-                rows = store.db.execute(_WHOLE).fetchall()
-            else:
-                rows = store.db.execute(_SEALED_SINCE, (self._loaded, last)).fetchall()
+        last, points, holding, rows = store.backlog_changes(self._loaded)  # one consistent view
         if self._loaded is None:
             self._epochs, self._sealed_at, self._points, self._writers = {}, {}, {}, None
         self._add(rows, points)

@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from logstore import LogStoreError
-from recovery.errors import NotASinkError
+from recovery.cli import add_parser as add_recover
+from recovery.cli import recover
 
-from .errors import FileSinkError, SinkLockedError
-
-EXIT_FAILED, EXIT_LOCKED, EXIT_NOT_A_SINK = 1, 3, 4
+from .errors import EXIT_FAILED, FileSinkError, exit_code
 
 _SIZE_UNITS: dict[str, float] = {
     "": 1,
@@ -193,8 +192,6 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recovery.cli import add_parser as add_recover
-
     parser = argparse.ArgumentParser(prog="filesink", description="Exactly-once Parquet sink for Spark.")
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     _add_run(commands)
@@ -208,15 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _dispatch(parser, args)
-    except SinkLockedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_LOCKED
-    except NotASinkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_NOT_A_SINK
     except (FileSinkError, LogStoreError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return exit_code(e)
     except Exception as e:
         from py4j.protocol import Py4JError
         from pyspark.errors import PySparkException
@@ -232,8 +223,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.group == "recover":
-        from recovery.cli import recover
-
         return recover(args, parser)
     if args.group == "demo":
         from .demo import demo

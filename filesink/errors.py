@@ -1,6 +1,22 @@
-"""Exceptions raised by the file sink. Messages name the file, epoch or vnode involved and what to do."""
+"""Exceptions raised by the file sink. Messages name the file, epoch or vnode involved and what to do.
+
+:class:`StateDatabaseError` belongs to the state database's owner, :mod:`logstore`, and is the same class here.
+Each error has the exit code the ``filesink`` command ends with when it stops on it (:func:`exit_code`).
+"""
 
 from __future__ import annotations
+
+from logstore.errors import StateDatabaseError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_NOT_A_SINK, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+"""Exit codes of every ``filesink`` command: done, failed, bad usage, a live query holds the sink, not a sink's
+state directory, stopped at once by a second Ctrl-C or SIGTERM."""
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code for a command that stops on ``error`` (:data:`EXIT_FAILED` unless the error says)."""
+    code = getattr(error, "exit_code", EXIT_FAILED)
+    return code if isinstance(code, int) else EXIT_FAILED
 
 
 class FileSinkError(Exception):
@@ -22,6 +38,8 @@ class CheckpointMismatchError(FileSinkError):
 class SinkLockedError(FileSinkError):
     """Another live query holds the sink's state directory."""
 
+    exit_code = EXIT_LOCKED
+
 
 class SinkFailedError(FileSinkError):
     """A write of this sink object failed between pre-commit and commit; only a new sink (recovery) may go on."""
@@ -33,10 +51,6 @@ class CommitConflictError(FileSinkError):
 
 class FileWriteError(FileSinkError):
     """A Parquet file could not be written or made visible."""
-
-
-class StateDatabaseError(FileSinkError):
-    """The sink's state database could not be read or written (disk full, I/O error, ...)."""
 
 
 class FencedError(FileSinkError):
@@ -53,3 +67,27 @@ class StorageAccessError(FileSinkError):
 
 class SparkMasterError(FileSinkError):
     """The Spark master given with ``--master`` cannot be reached."""
+
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_LOCKED",
+    "EXIT_NOT_A_SINK",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CheckpointMismatchError",
+    "CommitConflictError",
+    "FencedError",
+    "FileSinkError",
+    "FileWriteError",
+    "InputError",
+    "SchemaMismatchError",
+    "SinkFailedError",
+    "SinkLockedError",
+    "SinkOptionError",
+    "SparkMasterError",
+    "StateDatabaseError",
+    "StorageAccessError",
+    "exit_code",
+]

@@ -1,4 +1,5 @@
-"""Plan rollover at a barrier: which files to write now, each covering one writer's vnode range.
+"""Plan rollover at a barrier: which files to write now, each covering one writer's vnode range, and the task
+that writes a planned file (:func:`file_task`).
 
 Writers own contiguous vnode ranges (``writer_ranges``). For each writer the rollover rules look at what its
 vnodes hold above their truncate points; a file covers, per vnode, ``(truncate point, end epoch]``. The plan
@@ -8,34 +9,21 @@ names for the same data.
 
 from __future__ import annotations
 
-import json
-import re
-import zlib
+from collections.abc import Sequence
 
 from logstore import LogStore
 
 from .backlog import BacklogTracker
+from .ledger import Ledger, PlannedFile
+from .output import file_name
 from .rollover import EpochBacklog, Rollover, choose_end_epoch
-from .state import PlannedFile
+from .writer import FileTask
 
 
 def writer_ranges(vnodes: int, parallelism: int) -> list[range]:
     """``parallelism`` contiguous vnode ranges covering ``0..vnodes-1`` (sizes differ by at most one)."""
     parallelism = max(1, min(parallelism, vnodes))
     return [range(i * vnodes // parallelism, (i + 1) * vnodes // parallelism) for i in range(parallelism)]
-
-
-def file_name(sink_id: str, writer: range, starts: dict[int, int], end_epoch: int) -> str:
-    """A name that only this data can have: sink, first and last epoch, vnode range, per-vnode starts."""
-    digest = zlib.crc32(json.dumps(sorted(starts.items())).encode())
-    first = min(starts.values())
-    return f"part-{sink_id[:8]}-{first:020d}-{end_epoch:020d}-{writer.start:05d}-{writer.stop - 1:05d}-{digest:08x}"
-
-
-def is_file_name(sink_id: str, basename: str) -> bool:
-    """Whether ``basename`` is a Parquet object name that :func:`file_name` gives files of this sink."""
-    pattern = rf"part-{re.escape(sink_id[:8])}-\d{{20}}-\d{{20}}-\d{{5}}-\d{{5}}-[0-9a-f]{{8}}\.parquet"
-    return re.fullmatch(pattern, basename) is not None
 
 
 def plan(
@@ -75,3 +63,28 @@ def plan(
         name = file_name(store.sink_id, writer, starts, end)
         files.append(PlannedFile(name, writer.start, writer.stop - 1, starts, end, rows, size, reason))
     return files, held_now.idle
+
+
+def file_task(
+    store: LogStore,
+    ledger: Ledger,
+    f: PlannedFile,
+    partition_by: Sequence[str],
+    *,
+    term: int,
+    row_group_rows: int = 1_000_000,
+    compression: str = "zstd",
+) -> FileTask:
+    """What a writer task needs to write ``f``: its read plan over the log store and the sink's schema."""
+    schema = ledger.arrow_schema()
+    assert schema is not None, "files are planned only once data, and so its schema, was sealed"
+    return FileTask(
+        name=f.name,
+        log=store.target.location,
+        plan=tuple(store.plan_read(f.after(), f.end_epoch)),
+        schema_bytes=schema,
+        partition_by=tuple(partition_by),
+        row_group_rows=row_group_rows,
+        compression=compression,
+        term=term,
+    )

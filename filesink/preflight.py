@@ -3,18 +3,21 @@ names the file, directory or endpoint, and before anything is written.
 
 - :func:`check_input`: the landing directory exists and each file in it can be read; Parquet footers are read
   and their schemas compared with each other.
-- :func:`check_s3`: an ``s3://`` location's endpoint answers, accepts the credentials and has the bucket.
+- :func:`check_s3` (:mod:`filesink.output.probe`): an ``s3://`` location's endpoint answers, accepts the
+  credentials and has the bucket.
 - :func:`check_master`: a ``spark://`` master accepts connections.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, SparkMasterError, StorageAccessError
+from .errors import InputError, SparkMasterError
+from .output import check_s3
+
+__all__ = ["FORMATS", "check_input", "check_master", "check_s3", "input_files"]
 
 FORMATS = ("parquet", "json", "csv")
 
@@ -74,56 +77,6 @@ def check_input(directory: Path, fmt: str) -> list[Path]:
 
 def _describe(schema: Any) -> str:
     return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
-
-
-def check_s3(url: str, storage_options: Mapping[str, Any], what: str) -> None:
-    """Raise :class:`StorageAccessError` unless the bucket of ``url`` can be listed with ``storage_options``.
-
-    ``what`` names the location in the message (``output``, ``log store``). The secret key never appears in
-    a message; the access key id is shown shortened."""
-    import botocore.exceptions
-    import fsspec
-
-    from logstore.storage import s3_client_options
-
-    options = s3_client_options(url, storage_options)
-    config = dict(options.get("config_kwargs") or {})
-    config["retries"] = {"max_attempts": 2, "mode": "standard"}  # fail fast: this is only a probe
-    config["connect_timeout"] = 5
-    options["config_kwargs"] = config
-    options["skip_instance_cache"] = True
-    fs, root = fsspec.core.url_to_fs(url, **options)
-    bucket = root.split("/", 1)[0]
-    endpoint = (options.get("client_kwargs") or {}).get("endpoint_url") or "AWS S3"
-    key = options.get("key") or os.environ.get("AWS_ACCESS_KEY_ID") or ""
-    who = f"access key id {key[:4]}…" if key else "the default AWS credentials"
-    secret = options.get("secret") or os.environ.get("AWS_SECRET_ACCESS_KEY") or ""
-    try:
-        fs.ls(bucket, refresh=True)
-    except FileNotFoundError:
-        raise StorageAccessError(
-            f"the {what} {url}: bucket {bucket!r} does not exist at {endpoint}; create it first"
-        ) from None
-    except PermissionError as e:
-        raise StorageAccessError(
-            f"the {what} {url}: {endpoint} refused access with {who} ({_short(e, secret)}). Check "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the AWS profile) and the bucket's policy."
-        ) from None
-    except botocore.exceptions.NoCredentialsError:
-        raise StorageAccessError(
-            f"the {what} {url}: no S3 credentials were found. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            "or AWS_PROFILE."
-        ) from None
-    except (OSError, botocore.exceptions.BotoCoreError) as e:
-        raise StorageAccessError(
-            f"the {what} {url}: cannot reach the S3 endpoint {endpoint} ({_short(e, secret)}). Check --s3-endpoint "
-            "(or AWS_ENDPOINT_URL) and that the server is running."
-        ) from None
-
-
-def _short(error: BaseException, secret: str) -> str:
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return text.replace(secret, "***") if secret else text
 
 
 def check_master(url: str, timeout: float = 5.0) -> None:

@@ -1,20 +1,20 @@
 """Progress of a running sink for ``filesink run``: what it took in, what the log store holds, what it wrote.
 
-:func:`held` reads the state database through a connection of its own (read-only; the database is in WAL
-mode, so this never waits for the sink's transactions). :class:`Progress` shows a live panel on a terminal
+:func:`held` reads the state database through a read-only log store of its own
+(:meth:`logstore.LogStore.open_existing`; the database is in WAL mode, so this never waits for the sink's
+transactions). :class:`Progress` shows a live panel on a terminal
 and one line per new epoch otherwise (logs, CI).
 """
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from logstore import STATE_DB_NAME
+from logstore import LogStore, LogStoreError
 
 from .sink import SinkStats
 
@@ -42,19 +42,11 @@ class Held:
 
 def held(state_dir: Path) -> Held:
     """Rows, bytes and epochs held above the vnodes' truncate points (sealed, not yet in committed files)."""
-    db = sqlite3.connect(f"file:{state_dir / STATE_DB_NAME}?mode=ro", uri=True, timeout=30)
+    store = LogStore.open_existing(state_dir, readonly=True)
     try:
-        row = db.execute(
-            """
-            SELECT COALESCE(SUM(sv.rows), 0), COALESCE(SUM(sv.bytes), 0), COUNT(DISTINCT sv.epoch),
-                   MIN(sv.epoch), MAX(sv.epoch)
-            FROM log_segment_vnodes sv LEFT JOIN log_vnodes v ON v.vnode = sv.vnode
-            WHERE sv.epoch > COALESCE(v.truncated_epoch, -1)
-            """
-        ).fetchone()
+        return Held(*store.held_totals())
     finally:
-        db.close()
-    return Held(*row)
+        store.close()
 
 
 def size(n: float) -> str:
@@ -119,7 +111,7 @@ class Progress:
     def _held(self) -> Held:
         try:
             return held(self.state_dir)
-        except sqlite3.Error:  # the database is busy or not there yet: show nothing rather than fail the job
+        except LogStoreError:  # the database is busy or not there yet: show nothing rather than fail the job
             return Held(0, 0, 0, None, None)
 
     def _panel(self) -> Any:

@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from logstore import LogStore
 from logstore.storage import is_local
 
-from .errors import FileSinkError, InputError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
 from .preflight import check_input, check_master, check_s3
 from .progress import Progress, _plural, files_line, held
 from .rollover import Rollover
 from .sink import ExactlyOnceParquetSink
 
-EXIT_OK, EXIT_FAILED = 0, 1
-KILL_EXIT = 130
+KILL_EXIT = EXIT_INTERRUPTED
 """Exit status after a second Ctrl-C or SIGTERM: the process ends without waiting for the batch."""
 
 
@@ -175,13 +175,11 @@ def _reader(spark: Any, config: RunConfig, streaming: bool) -> Any:
 def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, have_files: bool) -> Any:
     """The schema to read the input with: ``--schema``; else, for JSON and CSV, the one the sink recorded (so
     that a restart reads the files the same way); else the one Spark infers from the files there now."""
-    import json
-
     if config.schema:
         return config.schema
-    recorded = sink._state.spark_schema()
+    recorded = sink.recorded_spark_schema()
     if recorded and config.format != "parquet":
-        return ", ".join(f"`{name}` {kind}" for name, kind in json.loads(recorded))
+        return ", ".join(f"`{name}` {kind}" for name, kind in recorded)
     if not have_files:
         raise InputError(
             f"the input directory {config.input} has no files yet to learn the schema from: add one, or give the "
@@ -195,7 +193,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     :class:`FileSinkError`; a failed streaming query is reported and returns ``EXIT_FAILED``."""
     started = time.monotonic()
     files = check_input(config.input, config.format)
-    config.log_store = config.log_store or _recorded_log_store(config.state_dir)
+    config.log_store = config.log_store or LogStore.recorded_location(config.state_dir)
     options = config.storage_options()
     if not is_local(config.output):
         check_s3(config.output, options, "output")
@@ -259,26 +257,6 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     else:
         out("the log store holds nothing that is not in committed files")
     return EXIT_OK
-
-
-def _recorded_log_store(state_dir: Path) -> str | None:
-    """The log store location a sink in ``state_dir`` was created with, so that a restart need not repeat
-    ``--log-store`` (None for a new sink)."""
-    import sqlite3
-
-    from logstore import STATE_DB_NAME
-
-    path = state_dir / STATE_DB_NAME
-    if not path.is_file():
-        return None
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        row = db.execute("SELECT location FROM log_store").fetchone()
-    except sqlite3.Error:
-        return None
-    finally:
-        db.close()
-    return str(row[0]) if row else None
 
 
 def _watch(query: Any, batches: _Batches, stop: threading.Event, progress: Progress) -> BaseException | None:

@@ -11,17 +11,16 @@ Per epoch (one micro-batch), under one lock shared with the idle-rollover timer:
 
 At construction the sink takes the state directory's lock and runs recovery (:mod:`recovery.resolve`): it
 takes a new writer term, which fences every file writer of earlier runs, and resolves files left pending:
-a file that is visible is committed, one that is not is dropped and its data written again.
+a file that is visible is committed, one that is not is dropped and its data written again. The per-epoch path
+(``_roll``) uses the log store, the ledger, the planner, the writer and the output, never :mod:`recovery`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import pickle
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,25 +30,20 @@ from typing import Any
 
 import pyarrow as pa
 
-from logstore import STATE_DB_NAME, VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
+from logstore import VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
+from recovery.resolve import RecoveryPlan, apply_recovery
 
 from .backlog import BacklogTracker
-from .errors import (
-    CheckpointMismatchError,
-    SchemaMismatchError,
-    SinkFailedError,
-    SinkOptionError,
-    StateDatabaseError,
-)
-from .fencing import PREFIX, term_dir
+from .errors import CheckpointMismatchError, SchemaMismatchError, SinkFailedError, SinkOptionError
+from .ledger import Ledger, PlannedFile
 from .lock import StateLock
-from .planner import plan
+from .output import OutputLocation, forget_committed, prepare_staging, release_staging, remove_failed_attempts
+from .planner import file_task, plan
 from .rollover import Rollover
 from .sizing import Sample, sample_ratio
-from .state import PlannedFile, SinkState, nullable_schema
-from .writer import FileTask, OutputLocation, WrittenObject, write_file
+from .writer import FileTask, WrittenObject, write_file
 
 log = logging.getLogger(__name__)
 
@@ -144,20 +138,16 @@ class ExactlyOnceParquetSink:
         try:
             log_options = options if log_store and not is_local(log_store) else None
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
-            self._state = SinkState(self._store)
-            self._state.check_config(self.path, self.key_columns, self.partition_by)
-            staging = None
-            if is_local(self.path) and os.stat(state).st_dev == os.stat(self.path).st_dev:
-                staging = str(state / "staging")
-            self._output = OutputLocation(self.path, options, staging_dir=staging)
+            self._ledger = Ledger(self._store)
+            self._ledger.check_config(self.path, self.key_columns, self.partition_by)
+            self._output = OutputLocation.of_sink(self.path, options, state)
             self._spark: Any = None
             self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)
             self._epochs_since_sweep = 0
             self._term = 0
-            self.recovered: Any = None
-            """The :class:`recovery.resolve.RecoveryPlan` that start-up recovery carried out."""
-            with self._state_errors("start-up recovery"):
-                self._recover()
+            self.recovered: RecoveryPlan | None = None
+            """What start-up recovery carried out."""
+            self._recover()
             self._backlog = BacklogTracker(self._store)
         except BaseException:
             store = getattr(self, "_store", None)
@@ -174,7 +164,7 @@ class ExactlyOnceParquetSink:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Process one micro-batch: ``query = df.writeStream.foreachBatch(sink).start()``."""
-        with self._lock, self._state_errors(f"batch {batch_id}"):
+        with self._lock:
             self._check_usable()
             self._spark = df.sparkSession
             if self.parallelism is None:
@@ -199,13 +189,13 @@ class ExactlyOnceParquetSink:
     def check_schema(self, schema: Any) -> None:
         """Raise :class:`SchemaMismatchError` (or :class:`SinkOptionError`) if batches of the Spark ``schema`` would
         be refused; a new sink records it as its schema. Lets a job fail before it starts its query."""
-        with self._lock, self._state_errors("schema check"):
+        with self._lock:
             self._check_usable()
             self._check_schema(schema)
 
     def flush(self) -> None:
         """Write everything the log store holds now (for example after an available-now run)."""
-        with self._lock, self._state_errors("flush"):
+        with self._lock:
             self._check_usable()
             self._roll(force=True)
 
@@ -219,8 +209,6 @@ class ExactlyOnceParquetSink:
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join(timeout=60)
         with self._lock:
-            from recovery.fence import release_staging
-
             release_staging(self._output, self._term)
             self._store.close()
             self._state_lock.release()
@@ -234,17 +222,33 @@ class ExactlyOnceParquetSink:
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("ExactlyOnceParquetSink lives on the driver; pass it to foreachBatch, not to tasks")
 
-    # -- steps -----------------------------------------------------------------------------------------
+    # -- what tests and tools may look at --------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _state_errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as e:
-            raise StateDatabaseError(
-                f"{what}: the state database {self.state_dir / STATE_DB_NAME} failed: {e}. Its transaction was rolled "
-                "back, so nothing is lost: fix the cause (free space, check the disk) and restart the query."
-            ) from e
+    @property
+    def log_store(self) -> LogStore:
+        """The sink's log store (the owner of its state database's connection)."""
+        return self._store
+
+    @property
+    def ledger(self) -> Ledger:
+        """The sink's commit ledger: pending files, writer terms, recorded configuration."""
+        return self._ledger
+
+    @property
+    def output(self) -> OutputLocation:
+        return self._output
+
+    @property
+    def term(self) -> int:
+        """The writer term this sink object took at start-up."""
+        return self._term
+
+    def recorded_spark_schema(self) -> list[tuple[str, str]] | None:
+        """The Spark schema the sink recorded with its first batch, as (column, type) pairs; None before it."""
+        recorded = self._ledger.spark_schema()
+        return None if recorded is None else [(name, kind) for name, kind in json.loads(recorded)]
+
+    # -- steps -----------------------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -256,7 +260,7 @@ class ExactlyOnceParquetSink:
     def _check_no_pending(self) -> None:
         """Refuse to go on after a roll failed between pre-commit and commit: its files are pending, maybe partly
         visible, and planning again over their vnodes could write their rows twice. Recovery resolves them."""
-        pending = self._state.pending_names()
+        pending = self._ledger.pending_names()
         if pending:
             raise SinkFailedError(
                 f"files {', '.join(pending)} of {self.path} were pre-committed by a write that failed in this run and "
@@ -279,9 +283,9 @@ class ExactlyOnceParquetSink:
         if self.partition_by and len(self.partition_by) == len(names):
             raise SinkOptionError("partition_by names every column; the files would have no columns left")
         current = self._spark_schema_json(schema)
-        recorded = self._state.spark_schema()
+        recorded = self._ledger.spark_schema()
         if recorded is None:
-            self._state.record_schema(current, None)
+            self._ledger.record_schema(current, None)
             return
         if recorded == current:
             return
@@ -316,8 +320,14 @@ class ExactlyOnceParquetSink:
         return [pickle.loads(r.descriptor) for r in rows]
 
     def _file_task(self, f: PlannedFile, term: int) -> FileTask:
-        return self._state.file_task(
-            f, self.partition_by, term=term, row_group_rows=self._row_group_rows, compression=self._compression
+        return file_task(
+            self._store,
+            self._ledger,
+            f,
+            self.partition_by,
+            term=term,
+            row_group_rows=self._row_group_rows,
+            compression=self._compression,
         )
 
     def _write(self, files: list[PlannedFile]) -> dict[str, list[WrittenObject]]:
@@ -351,7 +361,7 @@ class ExactlyOnceParquetSink:
         """
         now = time.time()
         while True:
-            learned = self._state.bytes_per_log_byte()
+            learned = self._ledger.bytes_per_log_byte()
             ratio = learned if learned is not None else (self._sample.ratio if self._sample else 1.0)
             files, idle = plan(
                 self._store,
@@ -379,18 +389,18 @@ class ExactlyOnceParquetSink:
         written: dict[str, list[WrittenObject]] = {}
         if files:
             failpoint("filesink.precommit.before")
-            self._state.precommit(files, self._term)
+            self._ledger.precommit(files, self._term)
             failpoint("filesink.precommit.after")
             written = self._write(files)
             failpoint("filesink.write.after")
         sizes = {name: sum(o.size for o in objects) for name, objects in written.items()}
         if files:
             failpoint("filesink.commit.before")
-        self._state.commit(files, sizes, idle, self._term)
+        self._ledger.commit(files, sizes, idle, self._term)
         if files:
             failpoint("filesink.commit.after")
             self.stats.file_sizes.extend(sizes[f.name] for f in files)
-            self._forget_records(written)
+            forget_committed(self._store.storage, self._term, written)
             self._remove_failed_attempts(written)
         self._epochs_since_sweep += 1
         sweep = self._epochs_since_sweep >= GC_SWEEP_EVERY
@@ -398,21 +408,9 @@ class ExactlyOnceParquetSink:
             self._epochs_since_sweep = 0
         self._store.collect_garbage(sweep=sweep)
 
-    def _forget_records(self, written: dict[str, list[WrittenObject]]) -> None:
-        """Delete the writers' records of committed files, of every attempt (recovery deletes any left behind)."""
-        storage = self._store.storage
-        prefix = f"{PREFIX}/{term_dir(self._term)}"
-        for relpath, _size in list(storage.list_files(prefix)):
-            parts = relpath.split("/")  # writers/term-<T>/<file>/<index>-<attempt>.json
-            if len(parts) == 4 and parts[2] in written:
-                storage.delete(relpath)
-        storage.prune_dirs(prefix)
-
     def _remove_failed_attempts(self, written: dict[str, list[WrittenObject]]) -> None:
         """Remove temp files and uploads of task attempts that died or stalled while writing these files (now
         committed; Spark ran their tasks again). Best effort: recovery removes what is left at the next start."""
-        from recovery.fence import remove_failed_attempts
-
         keys = [o.key for objects in written.values() for o in objects]
         try:
             removed = remove_failed_attempts(self._output, self._term, list(written), keys)
@@ -425,11 +423,8 @@ class ExactlyOnceParquetSink:
     def _recover(self) -> None:
         """Take a new writer term (fencing earlier writers), resolve files left pending by an earlier run,
         remove garbage, and prepare this term's staging directory."""
-        from recovery.fence import prepare_staging
-        from recovery.resolve import apply_recovery
-
         done = apply_recovery(
-            self._store, self._state, self._output, partitioned=bool(self.partition_by), file_task=self._file_task
+            self._store, self._ledger, self._output, partitioned=bool(self.partition_by), file_task=self._file_task
         )
         assert done.term is not None
         self._term = done.term
@@ -456,8 +451,3 @@ class ExactlyOnceParquetSink:
             except BaseException as e:  # reported by the next batch, flush or close
                 self._timer_error = e
                 return
-
-
-def _nullable(descriptor: SegmentDescriptor) -> bytes:
-    """The Arrow schema of a segment with every field nullable: what the sink's files are written with."""
-    return nullable_schema(descriptor.schema_bytes)

@@ -52,3 +52,15 @@ class TruncateOrderError(LogStoreError):
 
 class StateMismatchError(LogStoreError):
     """The state database belongs to a log store with a different vnode count or location."""
+
+
+class StateDatabaseError(LogStoreError):
+    """The sink's state database could not be read or written (disk full, I/O error, read-only, locked, ...).
+
+    Raised by the owners of the database's tables (:class:`logstore.LogStore`, and the file sink's ledger) in
+    place of ``sqlite3.Error``; the message names the database file and what was being done. The transaction
+    was rolled back, so nothing recorded is lost."""
+
+
+class NoLogStoreError(LogStoreError):
+    """A state database holds no log store (it is not a sink's, or the sink was never started)."""

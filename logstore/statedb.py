@@ -8,13 +8,17 @@ transaction together with the record that it ran.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sqlite3
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .errors import StateMismatchError
+from .errors import StateDatabaseError, StateMismatchError
 from .storage import ensure_dir
 
 STATE_DB_NAME = "state.sqlite"
@@ -83,6 +87,65 @@ def connect(path: str | Path) -> sqlite_utils.Database:
     db.execute("PRAGMA foreign_keys=ON")
     db.execute("PRAGMA busy_timeout=30000")
     return db
+
+
+def connect_readonly(path: str | Path) -> sqlite_utils.Database:
+    """Open an existing state database for reading only (progress displays, ``filesink recover status``): no
+    migration runs, nothing is created, and it works where the database file or its directory is read-only.
+
+    Raises ``FileNotFoundError`` if there is no database at ``path``."""
+    path = Path(path).absolute()
+    if not path.is_file():
+        raise FileNotFoundError(f"no state database at {path}")
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
+    db = sqlite_utils.Database(conn)
+    db.execute("PRAGMA busy_timeout=30000")
+    return db
+
+
+def database_path(db: sqlite_utils.Database) -> str:
+    """The file of an open database (for messages)."""
+    row = db.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row and row[2] else ":memory:"
+
+
+@contextlib.contextmanager
+def translated(path: str, what: str) -> Iterator[None]:
+    """Turn ``sqlite3.Error`` into :class:`StateDatabaseError` naming the database and what was being done.
+
+    The one place SQLite errors are translated; the owners of the database's tables use it (directly or through
+    :func:`db_errors`)."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        raise StateDatabaseError(
+            f"{what}: the state database {path} failed: {e}. Its transaction was rolled back, so nothing is lost: "
+            "fix the cause (free space, check the disk and the file's permissions) and restart the query."
+        ) from e
+
+
+class HasDatabase(Protocol):
+    db_path: str
+
+
+S = TypeVar("S", bound=HasDatabase)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def db_errors(what: str) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
+    """Decorate a method of a table owner (an object with ``db_path``) so that SQLite errors become
+    :class:`StateDatabaseError` (see :func:`translated`)."""
+
+    def decorate(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+        @functools.wraps(method)
+        def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            with translated(self.db_path, what):
+                return method(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def apply_migrations(db: sqlite_utils.Database, migration_set: Migrations, *, where: str) -> None:

@@ -9,6 +9,7 @@ larger transaction of the caller's (``db.atomic()`` nests as a savepoint).
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,6 +25,7 @@ from .errors import (
     EpochNotSealedError,
     EpochOrderError,
     EpochSealedError,
+    NoLogStoreError,
     SegmentCorruptError,
     SegmentError,
     SegmentMissingError,
@@ -34,8 +36,17 @@ from .errors import (
 from .failpoints import failpoint
 from .reader import LogBatch, ReadItem, read_plan
 from .segment import Block, SegmentDescriptor, describe_vnodes
-from .statedb import STATE_DB_NAME, apply_migrations, connect, migrations
-from .storage import LogLocation
+from .statedb import (
+    STATE_DB_NAME,
+    apply_migrations,
+    connect,
+    connect_readonly,
+    database_path,
+    db_errors,
+    migrations,
+    translated,
+)
+from .storage import LogLocation, is_local
 
 DEFAULT_VNODES = 256
 NOTHING = -1
@@ -56,6 +67,54 @@ class VnodeBacklog:
     """Oldest such epoch (None when the vnode holds nothing)."""
     first_sealed_at: float | None
     """Unix time at which ``first_epoch`` was sealed."""
+
+
+class BacklogChanges(NamedTuple):
+    """One consistent read of what the planner's in-memory backlog needs (:meth:`LogStore.backlog_changes`)."""
+
+    last_sealed_epoch: int
+    truncate_points: dict[int, int]
+    holding: set[int]
+    """Vnodes that hold rows above their truncate points."""
+    rows: list[tuple[int, int, int, int, float]]
+    """``(vnode, epoch, rows, log bytes, sealed_at)`` per vnode and epoch: of every held epoch, or of the epochs
+    sealed since the given one."""
+
+
+class HeldTotals(NamedTuple):
+    """What the log store holds above the truncate points, summed over every vnode."""
+
+    rows: int
+    bytes: int
+    epochs: int
+    first_epoch: int | None
+    last_epoch: int | None
+
+
+_BACKLOG_WHOLE = """
+    SELECT sv.vnode, sv.epoch, SUM(sv.rows), SUM(sv.bytes), e.sealed_at
+    FROM log_segment_vnodes sv
+    JOIN log_vnodes v ON v.vnode = sv.vnode
+    JOIN log_epochs e ON e.epoch = sv.epoch
+    WHERE sv.epoch > v.truncated_epoch
+    GROUP BY sv.vnode, sv.epoch
+"""
+
+# Through the held segments (one row each), then their vnode rows by index: CROSS JOIN keeps SQLite from
+# scanning every vnode row instead.
+_BACKLOG_SEALED_SINCE = """
+    SELECT sv.vnode, s.epoch, SUM(sv.rows), SUM(sv.bytes), e.sealed_at
+    FROM log_segments s
+    CROSS JOIN log_segment_vnodes sv ON sv.segment_id = s.segment_id
+    JOIN log_epochs e ON e.epoch = s.epoch
+    WHERE s.epoch > ? AND s.epoch <= ?
+    GROUP BY sv.vnode, s.epoch
+"""
+
+_HOLDING = """
+    SELECT v.vnode FROM log_vnodes v
+    WHERE EXISTS (SELECT 1 FROM log_segment_vnodes sv WHERE sv.vnode = v.vnode AND sv.epoch > v.truncated_epoch)
+"""
 
 
 class DamagedSegment(NamedTuple):
@@ -82,7 +141,8 @@ class GarbageReport:
 
 
 class LogStore:
-    """Driver-side handle on one log store and its state database."""
+    """Driver-side handle on one log store and its state database: the one owner of the database connection and
+    of every read and write of the ``log_*`` tables. SQLite errors surface as :class:`StateDatabaseError`."""
 
     def __init__(
         self,
@@ -91,16 +151,29 @@ class LogStore:
         *,
         vnodes: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        readonly: bool = False,
     ) -> None:
         if isinstance(location, str):
             location = LogLocation(location, dict(storage_options or {}))
         if vnodes is not None and not (isinstance(vnodes, int) and 0 < vnodes <= 2**15):
             raise ValueError(f"vnodes must be an integer from 1 to 32768, not {vnodes!r}")
         self.db = db
+        self.db_path = database_path(db)
         self.location = location
+        self.readonly = readonly
         self._where = f"log store {location.canonical}"
-        apply_migrations(db, migrations, where=self._where)
-        row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
+        with translated(self.db_path, f"open the {self._where}"):
+            self._open(vnodes)
+
+    def _open(self, vnodes: int | None) -> None:
+        db, location = self.db, self.location
+        if self.readonly:
+            row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
+            if row is None:
+                raise NoLogStoreError(f"the state database {self.db_path} holds no log store")
+        else:
+            apply_migrations(db, migrations, where=self._where)
+            row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
         if row is None:
             row = (uuid.uuid4().hex, vnodes or DEFAULT_VNODES, location.canonical)
             with db.atomic():
@@ -137,8 +210,58 @@ class LogStore:
         storage_options: Mapping[str, Any] | None = None,
     ) -> LogStore:
         """Open the log store of ``state_dir`` (created on first use); segments default to ``state_dir/log``."""
-        db = connect(Path(state_dir) / STATE_DB_NAME)
-        return cls(db, location or str(Path(state_dir) / "log"), vnodes=vnodes, storage_options=storage_options)
+        path = Path(state_dir) / STATE_DB_NAME
+        with translated(str(path.absolute()), "open the state database"):
+            db = connect(path)
+        try:
+            return cls(db, location or str(Path(state_dir) / "log"), vnodes=vnodes, storage_options=storage_options)
+        except BaseException:
+            db.close()
+            raise
+
+    @classmethod
+    def open_existing(
+        cls, state_dir: str | Path, *, storage_options: Mapping[str, Any] | None = None, readonly: bool = False
+    ) -> LogStore:
+        """Open the log store a sink created in ``state_dir``, at the location it recorded. ``readonly`` opens the
+        database for reading only (no migration, nothing written; works on a read-only state directory).
+
+        Raises :class:`NoLogStoreError` if ``state_dir`` holds no state database or no log store."""
+        path = Path(state_dir).absolute() / STATE_DB_NAME
+        if not path.is_file():
+            raise NoLogStoreError(f"{path.parent} holds no sink state: it has no {STATE_DB_NAME}")
+        with translated(str(path), "open the state database"):
+            db = connect_readonly(path) if readonly else connect(path)
+        try:
+            with translated(str(path), "read the log store's location"):
+                tables = set(db.table_names())
+                row = db.execute("SELECT location FROM log_store").fetchone() if "log_store" in tables else None
+            if row is None:
+                raise NoLogStoreError(f"the state database {path} holds no log store")
+            location = str(row[0])
+            options = storage_options if not is_local(location) else None
+            return cls(db, location, storage_options=options, readonly=readonly)
+        except BaseException:
+            db.close()
+            raise
+
+    @staticmethod
+    def recorded_location(state_dir: str | Path) -> str | None:
+        """The location the log store of ``state_dir`` was created with (None if there is none), read-only."""
+        path = Path(state_dir).absolute() / STATE_DB_NAME
+        if not path.is_file():
+            return None
+        try:
+            db = connect_readonly(path)
+        except (OSError, sqlite3.Error):
+            return None
+        try:
+            row = db.execute("SELECT location FROM log_store").fetchone()
+        except sqlite3.Error:
+            return None
+        finally:
+            db.close()
+        return str(row[0]) if row else None
 
     def close(self) -> None:
         self.db.close()
@@ -146,24 +269,29 @@ class LogStore:
     # -- queries -------------------------------------------------------------------------------------
 
     @property
+    @db_errors("read the last sealed epoch")
     def last_sealed_epoch(self) -> int:
         """The highest sealed epoch, or -1 if none."""
         value: int = self.db.execute("SELECT last_sealed_epoch FROM log_store").fetchone()[0]
         return value
 
+    @db_errors("list the sealed epochs")
     def sealed_epochs(self) -> list[int]:
         """Sealed epochs still recorded (epochs below every truncate point are pruned by garbage collection)."""
         return [r[0] for r in self.db.execute("SELECT epoch FROM log_epochs ORDER BY epoch")]
 
+    @db_errors("read the truncate points")
     def truncate_points(self) -> dict[int, int]:
         return dict(self.db.execute("SELECT vnode, truncated_epoch FROM log_vnodes ORDER BY vnode").fetchall())
 
+    @db_errors("list the sealed segments")
     def segments(self, epoch: int | None = None) -> list[str]:
         """Names (relative to the log root) of the sealed segments still held, optionally for one epoch."""
         if epoch is None:
             return [r[0] for r in self.db.execute("SELECT name FROM log_segments ORDER BY name")]
         return [r[0] for r in self.db.execute("SELECT name FROM log_segments WHERE epoch = ? ORDER BY name", (epoch,))]
 
+    @db_errors("read the backlog")
     def backlog(self) -> list[VnodeBacklog]:
         """Per vnode: rows, bytes and epochs held above its truncate point."""
         rows = self.db.execute(
@@ -179,6 +307,40 @@ class LogStore:
         ).fetchall()
         return [VnodeBacklog(*r) for r in rows]
 
+    @db_errors("read the backlog's changes")
+    def backlog_changes(self, since: int | None) -> BacklogChanges:
+        """In one transaction: the last sealed epoch, the truncate points, the vnodes holding rows, and the held
+        rows and bytes per (vnode, epoch) of every held epoch (``since`` None) or of the epochs sealed after
+        ``since`` (which may include epochs some vnodes have released since: the caller filters)."""
+        with self.db.atomic():
+            last = self.last_sealed_epoch
+            points = self.truncate_points()
+            holding = {row[0] for row in self.db.execute(_HOLDING)}
+            if since is None:
+                rows = self.db.execute(_BACKLOG_WHOLE).fetchall()
+            else:
+                rows = self.db.execute(_BACKLOG_SEALED_SINCE, (since, last)).fetchall()
+        return BacklogChanges(last, points, holding, rows)
+
+    @db_errors("sum the backlog")
+    def held_totals(self) -> HeldTotals:
+        """Rows, bytes and epochs held above the vnodes' truncate points (sealed, not yet in committed files)."""
+        row = self.db.execute(
+            """
+            SELECT COALESCE(SUM(sv.rows), 0), COALESCE(SUM(sv.bytes), 0), COUNT(DISTINCT sv.epoch),
+                   MIN(sv.epoch), MAX(sv.epoch)
+            FROM log_segment_vnodes sv LEFT JOIN log_vnodes v ON v.vnode = sv.vnode
+            WHERE sv.epoch > COALESCE(v.truncated_epoch, -1)
+            """
+        ).fetchone()
+        return HeldTotals(*row)
+
+    @db_errors("read a held segment's schema")
+    def first_segment_schema(self) -> bytes | None:
+        """The serialized Arrow schema of the oldest held segment (every segment carries its schema), or None."""
+        row = self.db.execute("SELECT schema_bytes FROM log_segments ORDER BY epoch, segment_id LIMIT 1").fetchone()
+        return bytes(row[0]) if row is not None else None
+
     # -- append and seal -----------------------------------------------------------------------------
 
     def append(self, epoch: int, data: Any, *, writer_id: str = "driver") -> SegmentDescriptor | None:
@@ -186,6 +348,7 @@ class LogStore:
         self._check_unsealed(epoch, "append to")
         return append_segment(self.target, epoch, data, writer_id=writer_id)
 
+    @db_errors("check the epoch order")
     def _check_unsealed(self, epoch: int, action: str) -> None:
         last = self.last_sealed_epoch
         if epoch < last:
@@ -201,6 +364,7 @@ class LogStore:
                 "skip its append (compare the batch id with last_sealed_epoch first)."
             )
 
+    @db_errors("seal an epoch")
     def seal(self, epoch: int, descriptors: Iterable[SegmentDescriptor | None]) -> None:
         """Record ``epoch`` and its segments in one transaction: the checkpoint of the log store.
 
@@ -281,6 +445,7 @@ class LogStore:
             raise ValueError(f"vnode range {vnodes} must be contiguous within 0..{self.vnodes - 1}")
         return read_plan(self.storage, self.plan_read(dict.fromkeys(vnodes, after_epoch), up_to_epoch))
 
+    @db_errors("plan a read")
     def plan_read(self, after: Mapping[int, int], up_to_epoch: int) -> list[ReadItem]:
         """What to read for each vnode of ``after`` over ``(after[vnode], up_to_epoch]``, in read order.
 
@@ -342,6 +507,7 @@ class LogStore:
 
         return describe
 
+    @db_errors("verify the held segments")
     def damaged(self, progress: Callable[[int, int], None] | None = None) -> list[DamagedSegment]:
         """Read every held segment file whole and check it against its seal record; return the damaged ones.
 
@@ -381,6 +547,7 @@ class LogStore:
 
     # -- truncate and garbage collection -------------------------------------------------------------
 
+    @db_errors("truncate")
     def truncate(self, points: Mapping[int, int]) -> None:
         """Release, per vnode, every epoch up to and including the given one (one transaction)."""
         with self.db.atomic():
@@ -405,6 +572,7 @@ class LogStore:
             )
             failpoint("logstore.truncate.before_commit")
 
+    @db_errors("collect garbage")
     def collect_garbage(self, *, sweep: bool = True, unsealed: bool = False) -> GarbageReport:
         """Delete segments no vnode needs any more, and prune their metadata.
 
@@ -444,6 +612,7 @@ class LogStore:
             self._sweep(report, unsealed=unsealed)
         return report
 
+    @db_errors("look for garbage")
     def preview_garbage(self, *, unsealed: bool = True) -> GarbageReport:
         """What :meth:`collect_garbage` (with ``sweep``) would remove now, without removing anything."""
         report = GarbageReport()

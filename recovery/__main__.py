@@ -1,3 +1,5 @@
+"""``python -m recovery STEP``: the steps of ``filesink recover`` (status, plan, apply) on their own."""
+
 import sys
 
 from .cli import main

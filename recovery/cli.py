@@ -1,5 +1,8 @@
 """``filesink recover status|plan|apply``: inspects and repairs a sink's state without Spark (SQLite, pyarrow and
-s3fs only). The ``filesink`` command itself is :mod:`filesink.cli`.
+the output's owner only). The ``filesink`` command (:mod:`filesink.cli`) adds these steps as its ``recover``
+command; ``python -m recovery STEP`` runs them on their own. This module never imports :mod:`filesink.cli`.
+
+``status`` and ``plan`` open the state database read-only; ``apply`` takes the state directory's lock.
 
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
 state directory.
@@ -15,30 +18,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filesink.errors import EXIT_OK, FileSinkError, exit_code
+from filesink.ledger import Ledger, PlannedFile
 from filesink.lock import StateLock, lock_holder
-from filesink.planner import writer_ranges
-from filesink.state import PlannedFile, SinkState
-from filesink.writer import FileTask, OutputLocation
-from logstore import STATE_DB_NAME, LogStore, connect
-from logstore.storage import is_local
+from filesink.output import OutputLocation
+from filesink.planner import file_task, writer_ranges
+from filesink.writer import FileTask
+from logstore import LogStore, LogStoreError, NoLogStoreError
 
 from .errors import NotASinkError
 from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
-
-EXIT_OK = 0
-"""The other exit codes belong to every ``filesink`` command: :mod:`filesink.cli`."""
 
 
 @dataclass
 class OpenSink:
     state_dir: Path
     store: LogStore
-    state: SinkState
+    ledger: Ledger
     output: OutputLocation
     config: dict[str, Any]
 
     def file_task(self, f: PlannedFile, term: int) -> FileTask:
-        return self.state.file_task(f, self.config["partition_by"], term=term)
+        return file_task(self.store, self.ledger, f, self.config["partition_by"], term=term)
+
+    def close(self) -> None:
+        self.store.close()
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,25 +55,22 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"client_kwargs": client} if client else {}
 
 
-def open_sink(state_dir: Path, storage_options: dict[str, Any]) -> OpenSink:
-    db_path = state_dir / STATE_DB_NAME
-    if not db_path.is_file():
-        raise NotASinkError(f"{state_dir} is not a sink's state directory: it has no {STATE_DB_NAME}")
-    db = connect(db_path)
-    tables = set(db.table_names())
-    if not {"log_store", "sink_config"} <= tables:
-        db.close()
-        raise NotASinkError(f"{db_path} holds no sink: its log store or sink tables are missing")
-    location = db.execute("SELECT location FROM log_store").fetchone()[0]
-    remote = not is_local(location)
-    store = LogStore(db, location, storage_options=storage_options if remote else None)
-    state = SinkState(store)
-    output, keys, parts = db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
-    remote_output = not is_local(output)
-    staging = str(state_dir / "staging") if (state_dir / "staging").is_dir() else None
-    config = {"output": output, "key_columns": json.loads(keys), "partition_by": json.loads(parts)}
-    out = OutputLocation(output, storage_options if remote_output else {}, staging_dir=staging)
-    return OpenSink(state_dir, store, state, out, config)
+def open_sink(state_dir: Path, storage_options: dict[str, Any], *, readonly: bool = False) -> OpenSink:
+    """Open the sink whose state is in ``state_dir``; :class:`NotASinkError` if there is none."""
+    try:
+        store = LogStore.open_existing(state_dir, storage_options=storage_options, readonly=readonly)
+    except NoLogStoreError as e:
+        raise NotASinkError(f"{state_dir} is not a sink's state directory: {e}") from None
+    try:
+        ledger = Ledger(store)
+        config = ledger.config()
+        if config is None:
+            raise NotASinkError(f"{store.db_path} holds no sink: its sink tables are missing or empty")
+        output = OutputLocation.of_sink(str(config["output"]), storage_options, state_dir)
+        return OpenSink(state_dir, store, ledger, output, config)
+    except BaseException:
+        store.close()
+        raise
 
 
 def _ranges(vnodes: list[int]) -> str:
@@ -122,14 +123,14 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
         "partition_by": sink.config["partition_by"],
         "last_sealed_epoch": store.last_sealed_epoch,
         "held_by": lock_holder(sink.state_dir),
-        "writer_term": sink.state.term(),
+        "writer_term": sink.ledger.term(),
         "truncate_points": {str(v): e for v, e in points.items()},
         "backlog": {
             "epochs": len(store.sealed_epochs()),
             "rows": sum(b.rows for b in backlog),
             "bytes": sum(b.bytes for b in backlog),
         },
-        "pending_files": [_file_json(f) for f in sink.state.pending()],
+        "pending_files": [_file_json(f) for f in sink.ledger.pending()],
     }
     if verify:
         damaged = store.damaged(progress=None if quiet else _verify_progress)
@@ -275,7 +276,7 @@ def _progress(done: int, total: int, r: Resolution) -> None:
 
 def run_recover(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir).absolute()
-    sink = open_sink(state_dir, _storage_options(args))
+    sink = open_sink(state_dir, _storage_options(args), readonly=args.command != "apply")
     try:
         if args.command == "status":
             result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json)
@@ -283,14 +284,14 @@ def run_recover(args: argparse.Namespace) -> int:
             return EXIT_OK
         partitioned = bool(sink.config["partition_by"])
         if args.command == "plan":
-            out = _plan_json(plan_recovery(sink.store, sink.state, sink.output, partitioned=partitioned))
+            out = _plan_json(plan_recovery(sink.store, sink.ledger, sink.output, partitioned=partitioned))
             print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=False)
             return EXIT_OK
         lock = StateLock(state_dir)
         try:
             done = apply_recovery(
                 sink.store,
-                sink.state,
+                sink.ledger,
                 sink.output,
                 partitioned=partitioned,
                 file_task=sink.file_task,
@@ -302,7 +303,13 @@ def run_recover(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=True)
         return EXIT_OK
     finally:
-        sink.store.close()
+        sink.close()
+
+
+DESCRIPTION = (
+    "Inspect and resolve a sink's state. Exit codes: 0 done or nothing to do, 1 failed, 2 bad usage, 3 a live "
+    "query holds the sink, 4 not a sink's state directory."
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -310,9 +317,12 @@ def add_parser(commands: Any) -> None:
     recover = commands.add_parser(
         "recover",
         help="inspect and resolve a sink's state after a crash or before a rescale (no Spark needed)",
-        description="Inspect and resolve a sink's state. Exit codes: 0 done or nothing to do, 1 failed, 2 bad "
-        "usage, 3 a live query holds the sink, 4 not a sink's state directory.",
+        description=DESCRIPTION,
     )
+    add_steps(recover)
+
+
+def add_steps(recover: argparse.ArgumentParser) -> None:
     steps = recover.add_subparsers(dest="command", required=True, metavar="STEP")
     helps = {
         "status": "show the sink, its truncate points, log backlog, pending files and writer ranges",
@@ -357,10 +367,15 @@ def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``filesink`` command (defined in :mod:`filesink.cli`)."""
-    from filesink.cli import main as filesink_main
-
-    return filesink_main(argv)
+    """``python -m recovery STEP ...``: the steps of ``filesink recover`` on their own."""
+    parser = argparse.ArgumentParser(prog="python -m recovery", description=DESCRIPTION)
+    add_steps(parser)
+    args = parser.parse_args(argv)
+    try:
+        return recover(args, parser)
+    except (FileSinkError, LogStoreError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exit_code(e)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-"""Exceptions raised by recovery and its command line."""
+"""Exceptions raised by recovery and its command line. They are file sink errors (:class:`FileSinkError`)."""
 
 from __future__ import annotations
 
+from filesink.errors import EXIT_NOT_A_SINK, FileSinkError
 
-class RecoveryError(Exception):
+
+class RecoveryError(FileSinkError):
     """Base class of recovery errors."""
 
 
 class NotASinkError(RecoveryError):
     """The directory given is not a sink's state directory."""
+
+    exit_code = EXIT_NOT_A_SINK

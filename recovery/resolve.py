@@ -2,7 +2,7 @@
 
 :func:`apply_recovery`, in order (each step is safe to repeat if recovery itself dies part way):
 
-1. take a new writer term in the state database and publish it to the log store (:mod:`filesink.fencing`);
+1. take a new writer term in the ledger and publish it to the log store (:mod:`filesink.output.fencing`);
 2. fence older writers: rename their staging directories away (local), abort their recorded multipart
    uploads (S3); from here on no file's visibility can change behind recovery's back;
 3. for each pending file, check visibility (objects exist, sizes as their writer recorded) and act:
@@ -14,6 +14,9 @@
 
 :func:`plan_recovery` only looks (steps 3 and 4 as they would be now). The sink runs :func:`apply_recovery`
 at every start; ``filesink recover`` runs both.
+
+Recovery is a client of the log store, the ledger (:mod:`filesink.ledger`) and the output's owner
+(:mod:`filesink.output`); it touches no table and no output file itself.
 """
 
 from __future__ import annotations
@@ -22,20 +25,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from filesink.fencing import ObjectRecord, publish_term, records
-from filesink.state import PlannedFile, SinkState
-from filesink.writer import FileTask, OutputLocation, object_keys, write_file
-from logstore import GarbageReport, LogStore
-from logstore.failpoints import failpoint
-
-from .fence import (
+from filesink.ledger import Ledger, PlannedFile
+from filesink.output import (
+    ObjectRecord,
     OutputGarbage,
+    OutputLocation,
     fence_writers,
     find_output_garbage,
+    object_keys,
     prepare_staging,
+    publish_term,
+    records,
     release_staging,
     remove_output_garbage,
 )
+from filesink.writer import FileTask, write_file
+from logstore import GarbageReport, LogStore
+from logstore.failpoints import failpoint
 
 
 class Action(StrEnum):
@@ -70,16 +76,9 @@ class RecoveryPlan:
 
     @property
     def empty(self) -> bool:
-        g, o = self.log_garbage, self.output_garbage
+        g = self.log_garbage
         return not (
-            self.files
-            or o.staging_temp_files
-            or o.staging_dirs
-            or o.uploads
-            or o.records
-            or g.released_segments
-            or g.orphan_segments
-            or g.temp_files
+            self.files or not self.output_garbage.empty or g.released_segments or g.orphan_segments or g.temp_files
         )
 
 
@@ -108,13 +107,13 @@ def _resolution(output: OutputLocation, partitioned: bool, f: PlannedFile, recor
     return Resolution(f, visible, action, mismatched)
 
 
-def plan_recovery(store: LogStore, state: SinkState, output: OutputLocation, *, partitioned: bool) -> RecoveryPlan:
+def plan_recovery(store: LogStore, ledger: Ledger, output: OutputLocation, *, partitioned: bool) -> RecoveryPlan:
     """What recovery would do now. Changes nothing (and fences nothing: visibility can still change while
     writers of the current term run)."""
-    term = state.term() + 1
+    term = ledger.term() + 1
     recorded = _recorded(list(records(store.storage)))
     return RecoveryPlan(
-        files=[_resolution(output, partitioned, f, recorded) for f in state.pending()],
+        files=[_resolution(output, partitioned, f, recorded) for f in ledger.pending()],
         output_garbage=find_output_garbage(output, store.storage, store.sink_id, term),
         log_garbage=store.preview_garbage(unsealed=True),
     )
@@ -122,7 +121,7 @@ def plan_recovery(store: LogStore, state: SinkState, output: OutputLocation, *, 
 
 def apply_recovery(
     store: LogStore,
-    state: SinkState,
+    ledger: Ledger,
     output: OutputLocation,
     *,
     partitioned: bool,
@@ -135,7 +134,7 @@ def apply_recovery(
     lock). Returns what was done, with the new writer term; ``file_task(file, term)`` builds the task that
     writes a file again. ``progress(done, total, resolution)`` is called after each file.
     """
-    term = state.new_term()
+    term = ledger.new_term()
     failpoint("recovery.term.after")
     publish_term(store.storage, term)
     failpoint("recovery.publish.after")
@@ -144,16 +143,16 @@ def apply_recovery(
     failpoint("recovery.fence.after")
     prepare_staging(output, term)
     recorded = _recorded(list(records(store.storage)))
-    pending = state.pending()
+    pending = ledger.pending()
     for i, f in enumerate(pending, 1):
         r = _resolution(output, partitioned, f, recorded)
         if r.action is Action.DROP:
-            state.drop(f, term)
+            ledger.drop(f, term)
         elif r.action is Action.COMMIT:
-            state.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
+            ledger.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
         else:
             objects = write_file(output, file_task(f, term))
-            state.commit([f], {f.name: sum(o.size for o in objects)}, [], term)
+            ledger.commit([f], {f.name: sum(o.size for o in objects)}, [], term)
         failpoint("recovery.resolve.after", f.name)
         done.files.append(r)
         if progress is not None:

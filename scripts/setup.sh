@@ -1,5 +1,5 @@
 # Sourced by demo.sh and test.sh: checks the machine and prepares the virtual environment.
-# Usage: . scripts/setup.sh EXTRAS   (EXTRAS is "" or "[test]")
+# Usage: . scripts/setup.sh EXTRAS   (EXTRAS is "", "[demo]" or "[test]")
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from cluster import SparkCluster
-from faultproxy import FaultProxy
+from faultproxy import PROXY_READ_TIMEOUT, FaultProxy
+from session import XDIST_WORKER, session_root
 
-from filesink.s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
+from filesink.demo.s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
 from logstore import LogStore
 
 # ---------------------------------------------------------------------------------------------------------
@@ -110,20 +111,7 @@ LONGEST = ("test_sink_kills.py",)
 """Files of the longest tests (minutes each): they start first."""
 
 
-XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-"""This process's name (gw0, gw1, ...) when pytest-xdist runs the session in several processes (``-n 2``)."""
 _session_root: list[Path] = []
-
-
-def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The directory holding every temp directory of this test run: with pytest-xdist, those of all workers."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if XDIST_WORKER else base
-
-
-def finished_workers(root: Path) -> list[str]:
-    """pytest-xdist workers of this run that have finished all their tests."""
-    return sorted(p.name.removeprefix("finished-") for p in root.glob("finished-*"))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -159,7 +147,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # S3 through a fault-injecting proxy (tests/faultproxy.py)
 # ---------------------------------------------------------------------------------------------------------
 
-PROXY_READ_TIMEOUT = 2.0
 """Read timeout of the clients ``proxy_options`` makes: a ``timeout`` fault costs about this long."""
 
 

@@ -454,7 +454,7 @@ def machine() -> dict[str, str]:
     import pyarrow
     import pyspark
 
-    from filesink.s3server import find_weed
+    from filesink.demo.s3server import find_weed
 
     cpu = "unknown"
     try:
@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sink benchmark: {args.rows:,} rows; load average {load_start[0]:.2f}", flush=True)
     base = (args.dir or Path.cwd()).resolve()
     work = Path(tempfile.mkdtemp(prefix="bench_sinks-", dir=base))
-    from filesink.s3server import SeaweedServer
+    from filesink.demo.s3server import SeaweedServer
 
     server = SeaweedServer(work / "seaweedfs")
     try:

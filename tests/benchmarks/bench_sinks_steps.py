@@ -33,8 +33,9 @@ import bench_sinks_data as data
 def _steps() -> list[tuple[Any, list[str]]]:
     """The timed steps: the batch, its append job and its roll (plan, with the sample encodes of a new sink;
     pre-commit; the file-writing job; commit), seal and garbage collection."""
-    import filesink.sink
     import filesink.state
+
+    import filesink.sink
     import logstore.store
 
     return [

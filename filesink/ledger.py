@@ -1,0 +1,326 @@
+"""The commit ledger: the file sink's tables in the sink's state database, and every change to them.
+
+Pre-commit (:meth:`Ledger.precommit`), commit with truncate (:meth:`Ledger.commit`), drop
+(:meth:`Ledger.drop`) and writer terms (:meth:`Ledger.new_term`) are each one transaction, in the same
+database as the log store's tables (whose connection :class:`logstore.LogStore` owns), so that a commit and
+the truncation it allows are one. SQLite errors surface as :class:`StateDatabaseError`.
+
+A file is **pending** from pre-commit until recovery or the commit step resolves it. Both terminal states
+delete its rows (the vnodes' truncate points then say everything), so the tables hold open work only:
+
+- **committed**: the file is visible; its vnodes are truncated to its end epoch in the same transaction;
+- **dropped**: the file is not visible; its vnodes keep their truncate points and the data is written again.
+
+Each transition is a compare-and-swap on the pending row: if it is gone, another writer or recovery got
+there first and :class:`CommitConflictError` is raised.
+
+The **writer term** (fencing generation, :mod:`filesink.output.fencing`) goes up by one at every sink start and
+every recovery run. Pre-commit and commit carry the term of the run that does them and are refused with
+:class:`FencedError` once a newer term exists, so a run from before a restart cannot change state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import pyarrow as pa
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from logstore import LogStore
+from logstore.statedb import apply_migrations, db_errors, translated
+
+from .errors import CommitConflictError, FencedError, SinkOptionError
+
+migrations = Migrations("filesink")
+
+
+@migrations(name="0001_sink_tables")
+def _initial(db: sqlite_utils.Database) -> None:
+    db.executescript(
+        """
+        CREATE TABLE sink_config (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            output TEXT NOT NULL,
+            key_columns TEXT NOT NULL,
+            partition_by TEXT NOT NULL,
+            spark_schema TEXT,
+            arrow_schema BLOB,
+            bytes_per_log_byte REAL NOT NULL DEFAULT 1.0,
+            files_written INTEGER NOT NULL DEFAULT 0,
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE sink_files (
+            name TEXT PRIMARY KEY,
+            state TEXT NOT NULL CHECK (state IN ('pending')),
+            vnode_lo INTEGER NOT NULL,
+            vnode_hi INTEGER NOT NULL,
+            end_epoch INTEGER NOT NULL,
+            rows INTEGER NOT NULL,
+            log_bytes INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE sink_file_vnodes (
+            name TEXT NOT NULL REFERENCES sink_files(name) ON DELETE CASCADE,
+            vnode INTEGER NOT NULL,
+            start_epoch INTEGER NOT NULL,
+            end_epoch INTEGER NOT NULL,
+            PRIMARY KEY (name, vnode)
+        ) WITHOUT ROWID;
+        CREATE INDEX sink_file_vnodes_by_vnode ON sink_file_vnodes(vnode);
+        """
+    )
+
+
+@migrations(name="0002_writer_terms")
+def _writer_terms(db: sqlite_utils.Database) -> None:
+    db.executescript(
+        """
+        ALTER TABLE sink_config ADD COLUMN writer_term INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE sink_files ADD COLUMN term INTEGER NOT NULL DEFAULT 0;
+        """
+    )
+
+
+class FileState(StrEnum):
+    PENDING = "pending"
+    """Pre-committed: the file may or may not be visible; its log data is kept until it is resolved."""
+    COMMITTED = "committed"
+    """Visible and recorded by truncating its vnodes to its end epoch; its rows are deleted."""
+    DROPPED = "dropped"
+    """Not visible; its rows are deleted and its vnodes' data is written again from the log store."""
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One file of a plan: for each vnode of ``vnode_lo..vnode_hi`` with data, epochs ``start..end_epoch``."""
+
+    name: str
+    vnode_lo: int
+    vnode_hi: int
+    starts: dict[int, int] = field(hash=False)
+    end_epoch: int
+    rows: int
+    log_bytes: int
+    reason: str
+
+    def after(self) -> dict[int, int]:
+        """Per vnode, the epoch after which the file's data starts (for ``LogStore.plan_read``)."""
+        return {v: s - 1 for v, s in self.starts.items()}
+
+
+class Ledger:
+    """Reads and changes the file sink's tables; every multi-row change is one transaction.
+
+    Opened on a read-only log store (:meth:`LogStore.open_existing`), it only reads (no migration runs)."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+        self.db = store.db
+        self.db_path = store.db_path
+        if not store.readonly:
+            with translated(self.db_path, "prepare the sink's tables"):
+                apply_migrations(self.db, migrations, where=f"sink state of {store.location.canonical}")
+
+    @db_errors("read the sink's configuration")
+    def config(self) -> dict[str, object] | None:
+        """The sink's recorded configuration (output, key_columns, partition_by), or None before the first start."""
+        if "sink_config" not in self.db.table_names():
+            return None
+        row = self.db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
+        if row is None:
+            return None
+        return {"output": row[0], "key_columns": json.loads(row[1]), "partition_by": json.loads(row[2])}
+
+    # -- configuration -------------------------------------------------------------------------------
+
+    @db_errors("check the sink's configuration")
+    def check_config(self, output: str, key_columns: list[str] | None, partition_by: list[str]) -> None:
+        """Record the sink's identity at creation; later, refuse a different output, keys or partitioning."""
+        row = self.db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
+        keys = json.dumps(key_columns)
+        parts = json.dumps(partition_by)
+        if row is None:
+            with self.db.atomic():
+                self.db.execute(
+                    "INSERT INTO sink_config (id, output, key_columns, partition_by, created_at) "
+                    "VALUES (1, ?, ?, ?, datetime('now'))",
+                    (output, keys, parts),
+                )
+            return
+        for what, recorded, given in (
+            ("output path", row[0], output),
+            ("key_columns", row[1], keys),
+            ("partition_by", row[2], parts),
+        ):
+            if recorded != given:
+                raise SinkOptionError(
+                    f"the state directory belongs to a sink created with {what} {recorded}, not {given}. "
+                    "A sink keeps these for life: use the original value, or a new state directory and output."
+                )
+
+    @db_errors("read the recorded schema")
+    def spark_schema(self) -> str | None:
+        value: str | None = self.db.execute("SELECT spark_schema FROM sink_config").fetchone()[0]
+        return value
+
+    @db_errors("read the files' schema")
+    def arrow_schema(self) -> bytes | None:
+        """The Arrow schema files are written with (every field nullable): taken from the first held segment
+        (every segment carries its schema) the first time it is asked for after a seal with rows, and recorded."""
+        value: bytes | None = self.db.execute("SELECT arrow_schema FROM sink_config").fetchone()[0]
+        if value is None:
+            first = self.store.first_segment_schema()
+            if first is not None:
+                value = nullable_schema(first)
+                with self.db.atomic():
+                    self.db.execute("UPDATE sink_config SET arrow_schema = COALESCE(arrow_schema, ?)", (value,))
+        return value
+
+    @db_errors("list the pending files")
+    def pending_names(self) -> list[str]:
+        """Names of the files pre-committed and not yet resolved (none while a healthy run is between rolls)."""
+        return [r[0] for r in self.db.execute("SELECT name FROM sink_files WHERE state = 'pending' ORDER BY name")]
+
+    @db_errors("record the schema")
+    def record_schema(self, spark_schema: str, arrow_schema: bytes | None) -> None:
+        with self.db.atomic():
+            self.db.execute(
+                "UPDATE sink_config SET spark_schema = ?, arrow_schema = COALESCE(arrow_schema, ?)",
+                (spark_schema, arrow_schema),
+            )
+
+    # -- writer terms ---------------------------------------------------------------------------------
+
+    @db_errors("read the writer term")
+    def term(self) -> int:
+        value: int = self.db.execute("SELECT writer_term FROM sink_config").fetchone()[0]
+        return value
+
+    @db_errors("take a new writer term")
+    def new_term(self) -> int:
+        """Take the next writer term (compare-and-swap); from now on, older terms are fenced."""
+        with self.db.atomic():
+            current = self.term()
+            cursor = self.db.execute(
+                "UPDATE sink_config SET writer_term = ? WHERE writer_term = ?", (current + 1, current)
+            )
+            if cursor.rowcount != 1:
+                raise FencedError(f"writer term {current} changed while taking the next one; another run started")
+        return current + 1
+
+    def _check_term(self, term: int, action: str) -> None:
+        current = self.term()
+        if current != term:
+            raise FencedError(
+                f"cannot {action}: this run holds writer term {term}, but the sink has since restarted (term "
+                f"{current}). Another run owns the sink now; this one must stop."
+            )
+
+    @db_errors("read the size ratio")
+    def bytes_per_log_byte(self) -> float | None:
+        """Parquet bytes per log byte of the latest committed files; None before the first file is committed."""
+        value, files = self.db.execute("SELECT bytes_per_log_byte, files_written FROM sink_config").fetchone()
+        return float(value) if files else None
+
+    # -- pending files -------------------------------------------------------------------------------
+
+    @db_errors("pre-commit files")
+    def precommit(self, files: Iterable[PlannedFile], term: int) -> None:
+        """Record every planned file as pending, in one transaction, before any byte of them is written."""
+        files = list(files)
+        with self.db.atomic():
+            self._check_term(term, f"pre-commit {len(files)} files")
+            for f in files:
+                self.db.execute(
+                    "INSERT INTO sink_files (name, state, vnode_lo, vnode_hi, end_epoch, rows, log_bytes, reason, "
+                    "created_at, term) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        f.name,
+                        FileState.PENDING.value,
+                        f.vnode_lo,
+                        f.vnode_hi,
+                        f.end_epoch,
+                        f.rows,
+                        f.log_bytes,
+                        f.reason,
+                        time.time(),
+                        term,
+                    ),
+                )
+                self.db.conn.executemany(
+                    "INSERT INTO sink_file_vnodes (name, vnode, start_epoch, end_epoch) VALUES (?, ?, ?, ?)",
+                    [(f.name, v, s, f.end_epoch) for v, s in sorted(f.starts.items())],
+                )
+
+    @db_errors("read the pending files")
+    def pending(self) -> list[PlannedFile]:
+        files = []
+        for name, lo, hi, end, rows, log_bytes, reason in self.db.execute(
+            "SELECT name, vnode_lo, vnode_hi, end_epoch, rows, log_bytes, reason FROM sink_files ORDER BY name"
+        ).fetchall():
+            starts = dict(
+                self.db.execute("SELECT vnode, start_epoch FROM sink_file_vnodes WHERE name = ?", (name,)).fetchall()
+            )
+            files.append(PlannedFile(name, lo, hi, starts, end, rows, log_bytes, reason))
+        return files
+
+    def _resolve(self, f: PlannedFile, to: FileState) -> None:
+        cursor = self.db.execute(
+            "DELETE FROM sink_files WHERE name = ? AND state = ?", (f.name, FileState.PENDING.value)
+        )
+        if cursor.rowcount != 1:
+            raise CommitConflictError(
+                f"file {f.name} (vnodes {f.vnode_lo}..{f.vnode_hi}, epochs up to {f.end_epoch}) is no longer "
+                f"pending, so it cannot become {to.value}: another writer or recovery resolved it first"
+            )
+
+    @db_errors("commit files")
+    def commit(
+        self, files: Iterable[PlannedFile], written_bytes: dict[str, int], idle_vnodes: Iterable[int], term: int
+    ) -> None:
+        """Mark files committed and advance their vnodes' truncate points, in one transaction.
+
+        ``idle_vnodes`` (vnodes with nothing held) are truncated to the last sealed epoch at the same time, so
+        that truncate points, and with them the log's metadata, keep up where there is no data.
+        """
+        files = list(files)
+        with self.db.atomic():
+            self._check_term(term, f"commit {', '.join(f.name for f in files) or 'idle vnodes'}")
+            points: dict[int, int] = {}
+            for f in files:
+                self._resolve(f, FileState.COMMITTED)
+                points.update(dict.fromkeys(range(f.vnode_lo, f.vnode_hi + 1), f.end_epoch))
+            current = self.store.truncate_points()
+            last = self.store.last_sealed_epoch
+            for v in idle_vnodes:
+                if v not in points and current[v] < last:
+                    points[v] = last
+            self.store.truncate({v: e for v, e in points.items() if e > current[v]})
+            log_bytes = sum(f.log_bytes for f in files if f.name in written_bytes)
+            if log_bytes:
+                ratio = sum(written_bytes.values()) / log_bytes
+                # The latest files' ratio: Parquet compresses better as files grow, so older, smaller files
+                # would keep the estimate too high.
+                self.db.execute(
+                    "UPDATE sink_config SET files_written = files_written + ?, bytes_per_log_byte = ?",
+                    (len(files), ratio),
+                )
+
+    @db_errors("drop a file")
+    def drop(self, f: PlannedFile, term: int) -> None:
+        with self.db.atomic():
+            self._check_term(term, f"drop {f.name}")
+            self._resolve(f, FileState.DROPPED)
+
+
+def nullable_schema(schema_bytes: bytes) -> bytes:
+    """A segment's serialized Arrow schema with every field nullable: the schema of the sink's files."""
+    schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+    nullable = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+    return bytes(nullable.serialize().to_pybytes())

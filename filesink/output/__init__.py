@@ -1,0 +1,59 @@
+"""The one owner of the output store: nothing else in the project touches the output's files or its S3 client.
+
+| module | what it owns |
+|---|---|
+| :mod:`.location` | :class:`OutputLocation` (picklable), the output's fsspec filesystem (one per process) |
+| :mod:`.naming` | object names: ``<partition dirs>/<file name>.parquet``, file names from the plan |
+| :mod:`.objects` | the writer's interface: objects invisible until published (local temp file + rename, S3 multipart) |
+| :mod:`.multipart` | the S3 multipart upload protocol, listing and aborting uploads |
+| :mod:`.fencing` | writer terms, writers' records, per-term staging directories, fencing older writers |
+| :mod:`.visibility` | which objects of a file a reader sees (what recovery checks) |
+| :mod:`.garbage` | what dead, stalled or fenced writers left: temp files, uploads, records |
+"""
+
+from __future__ import annotations
+
+from .fencing import (
+    Fence,
+    ObjectRecord,
+    fence_writers,
+    forget_committed,
+    prepare_staging,
+    publish_term,
+    published_term,
+    records,
+    release_staging,
+)
+from .garbage import OutputGarbage, find_output_garbage, remove_failed_attempts, remove_output_garbage
+from .location import OutputLocation
+from .naming import SUFFIX, file_name, is_file_name, object_key
+from .objects import OutputObject, Target, open_target
+from .probe import check_s3
+from .visibility import list_objects, object_keys
+
+__all__ = [
+    "SUFFIX",
+    "Fence",
+    "ObjectRecord",
+    "OutputGarbage",
+    "OutputLocation",
+    "OutputObject",
+    "Target",
+    "check_s3",
+    "fence_writers",
+    "file_name",
+    "find_output_garbage",
+    "forget_committed",
+    "is_file_name",
+    "list_objects",
+    "object_key",
+    "object_keys",
+    "open_target",
+    "prepare_staging",
+    "publish_term",
+    "published_term",
+    "records",
+    "release_staging",
+    "remove_failed_attempts",
+    "remove_output_garbage",
+]

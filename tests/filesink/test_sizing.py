@@ -1,0 +1,76 @@
+"""The size rule's cold start: a sample encode of held rows measures Parquet bytes per log byte."""
+
+from __future__ import annotations
+
+import pytest
+from sink_helpers import append_epoch, batch_rows
+
+from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.sizing import sample_ratio
+from filesink.writer import write_file
+
+NO_RULES = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
+
+
+def _held(tmp_path, partition_by=None, epochs=6, rows=400):
+    """A sink holding ``epochs`` epochs of rows (no file written) and the file a flush would write now."""
+    sink = ExactlyOnceParquetSink(
+        str(tmp_path / "out"),
+        tmp_path / "state",
+        vnodes=8,
+        parallelism=1,
+        rollover=NO_RULES,
+        partition_by=partition_by,
+        row_group_rows=500,
+    )
+    for epoch in range(epochs):
+        append_epoch(sink, epoch, batch_rows(epoch, rows))
+    (planned,), _ = sink._plan(force=True)
+    return sink, planned, sink._file_task(planned, sink.term)
+
+
+@pytest.mark.parametrize("partition_by", [None, ["event_date"]])
+def test_a_sample_of_every_row_measures_the_file_that_is_then_written(tmp_path, partition_by):
+    sink, planned, task = _held(tmp_path, partition_by)
+    sample = sample_ratio(task, max_rows=10**9)
+    assert sample.rows == planned.rows == 2400
+    written = write_file(sink.output, task)
+    if partition_by:
+        assert len(written) == 3  # three dates: the sample encoded three objects too
+    actual = sum(o.size for o in written) / planned.log_bytes
+    assert sample.ratio == pytest.approx(actual, rel=0.01)
+    sink.close()
+
+
+def test_a_sample_stops_after_whole_blocks_of_at_least_max_rows(tmp_path):
+    sink, planned, task = _held(tmp_path)
+    sample = sample_ratio(task, max_rows=1000)
+    block_rows = sorted({b.rows for item in task.plan for b in item.blocks})
+    assert 1000 <= sample.rows < 1000 + max(block_rows)
+    assert sample.rows < planned.rows
+    assert 0 < sample.ratio < 1
+    sink.close()
+
+
+def test_before_its_first_file_a_sink_plans_by_a_sample_and_then_by_what_it_wrote(tmp_path):
+    """With the log-size estimate (ratio 1.0) the first file would be a fraction of the target; sampled, it
+    lands within 0.8-1.0 of it, and the next file is planned by the ratio of the committed one."""
+    target = 24 * 1024
+    sink = ExactlyOnceParquetSink(
+        str(tmp_path / "out"),
+        tmp_path / "state",
+        vnodes=8,
+        parallelism=1,
+        rollover=Rollover(target_file_size=target, max_age_seconds=None),
+        row_group_rows=5000,
+    )
+    for epoch in range(80):
+        append_epoch(sink, epoch, batch_rows(epoch, 100))
+        sink._roll(force=False)  # what the sink does after each batch's seal
+    sizes = sink.stats.file_sizes
+    assert sink._sample is not None and sink._sample.rows > 0
+    assert sink.ledger.bytes_per_log_byte() is not None
+    assert len(sizes) >= 3, sizes
+    for size in sizes:
+        assert 0.8 * target <= size <= target, sizes
+    sink.close()

@@ -1,0 +1,79 @@
+"""Input batches and output readers for the sink tests: outputs are compared as exact multisets of rows."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import duckdb
+import fsspec
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+COLUMNS = ["id", "user_id", "event_date", "amount"]
+TYPES = [pa.int64(), pa.int64(), pa.string(), pa.float64()]
+
+
+def batch_rows(batch: int, rows: int, seed: int = 0) -> list[tuple]:
+    """Rows of one micro-batch: ids are unique per batch, values a pure function of (seed, batch)."""
+    rng = random.Random(seed * 100_003 + batch)
+    first = batch * 1_000_000
+    return [
+        (first + i, rng.randrange(1000), f"2024-01-{1 + rng.randrange(3):02d}", round(rng.random() * 100, 2))
+        for i in range(rows)
+    ]
+
+
+def batch_df(spark, rows: list[tuple]):
+    return spark.createDataFrame(rows, "id long, user_id long, event_date string, amount double")
+
+
+def _fs(path: str, options: dict | None):
+    if "://" not in path:
+        return fsspec.filesystem("file"), path
+    fs, root = fsspec.core.url_to_fs(path, **(options or {}))
+    fs.invalidate_cache()
+    return fs, root
+
+
+def parquet_files(path: str, options: dict | None = None) -> list[str]:
+    """Every object under the output, relative to it."""
+    fs, root = _fs(path, options)
+    if not fs.exists(root):
+        return []
+    return sorted(p[len(root.rstrip("/")) + 1 :] for p in fs.find(root))
+
+
+def read_pyarrow(path: str, options: dict | None = None, partition_by: tuple[str, ...] = ()) -> Counter:
+    fs, root = _fs(path, options)
+    hive = ds.partitioning(pa.schema([(c, pa.string()) for c in partition_by]), flavor="hive") if partition_by else None
+    table = ds.dataset(root, filesystem=fs, format="parquet", partitioning=hive).to_table(columns=COLUMNS)
+    return Counter(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True))
+
+
+def read_duckdb(path: str, options: dict | None = None, partition_by: tuple[str, ...] = ()) -> Counter:
+    con = duckdb.connect()
+    if "://" in path:
+        fs, _ = _fs(path, options)
+        con.register_filesystem(fs)
+    hive = "true" if partition_by else "false"
+    glob = path.rstrip("/") + "/**/*.parquet"
+    types = ", hive_types={" + ", ".join(f"'{c}': 'VARCHAR'" for c in partition_by) + "}" if partition_by else ""
+    rows = con.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM read_parquet('{glob}', hive_partitioning={hive}{types})"
+    ).fetchall()
+    return Counter(rows)
+
+
+def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
+    """What the sink's Spark append and seal do for one micro-batch, in this process (vnode = user_id % V)."""
+    from filesink.ledger import nullable_schema
+    from logstore import VNODE_COLUMN
+
+    columns = list(zip(*rows, strict=True))
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
+    table = table.append_column(VNODE_COLUMN, pa.array([u % sink.vnodes for u in columns[1]], pa.int32()))
+    descriptor = sink.log_store.append(epoch, table, writer_id="test")
+    sink.log_store.seal(epoch, [descriptor])
+    if sink.ledger.arrow_schema() is None:
+        sink.ledger.record_schema("[]", nullable_schema(descriptor.schema_bytes))
