@@ -33,7 +33,8 @@ from bench_sinks_data import make_batch
 from bench_sinks_monitor import status
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.writer import FileTask, OutputLocation, WrittenObject, write_file
+from filesink.output import OutputLocation
+from filesink.writer import FileTask, WrittenObject, write_file
 from logstore import STATE_DB_NAME, VNODE_COLUMN, SegmentDescriptor, append_segment
 
 VNODES = 256

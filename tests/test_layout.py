@@ -1,0 +1,119 @@
+"""The packages' layout holds (docs/layout.md): which way imports go, and who owns which store.
+
+Read from the source with ``ast``, imports inside functions included, so that a hidden import cannot break a rule.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("logstore", "filesink", "recovery")
+
+TOP = {"filesink", "filesink.sink", "filesink.run", "filesink.cli", "filesink.progress", "filesink.preflight", "filesink.__main__"}
+"""The layer above recovery: the sink object (it runs recovery at start-up; the package's ``__init__`` is its public
+face), the commands and what only they use."""
+DEMO = "filesink.demo"
+OUTPUT = "filesink.output"
+STORAGE_CLIENTS = ("s3fs", "fsspec", "botocore", "aiobotocore")
+LOG_TABLES = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(log_(?:store|epochs|segments|segment_vnodes|vnodes))\b", re.I)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(module: str) -> set[str]:
+    """Every module ``module`` imports, anywhere in its source (relative imports resolved)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in MODULES}
+    return found
+
+
+def _layer(module: str) -> int:
+    if module.startswith("logstore"):
+        return 0
+    if module in TOP or module.startswith(DEMO) or module == "recovery.cli" or module == "recovery.__main__":
+        return 3
+    if module.startswith("recovery"):
+        return 2
+    return 1  # the file sink's core: ledger, planner, writer, output, ...
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_the_modules_are_found():
+    assert {"logstore.store", "filesink.ledger", "filesink.output.fencing", "recovery.resolve"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_layers(module):
+    """logstore <- filesink core <- recovery <- the sink object and the commands."""
+    ours = {m for m in _imports(module) if m.split(".")[0] in PACKAGES and m in MODULES}
+    upward = sorted(m for m in ours if _layer(m) > _layer(module))
+    assert upward == [], f"{module} (layer {_layer(module)}) imports {upward} from a layer above"
+
+
+def test_the_commit_path_does_not_import_recovery():
+    """Only the sink's start-up runs recovery: every module the per-epoch path uses stays below it."""
+    for module in ("filesink.planner", "filesink.ledger", "filesink.writer", "filesink.backlog", OUTPUT):
+        assert not any(_within(m, "recovery") for m in _imports(module)), module
+    sink = ast.parse(MODULES["filesink.sink"].read_text())
+    roll = next(n for n in ast.walk(sink) if isinstance(n, ast.FunctionDef) and n.name == "_roll")
+    called = {n.func.id for n in ast.walk(roll) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert not called & {"apply_recovery", "plan_recovery"}
+
+
+def test_the_two_command_lines_do_not_import_each_other_both_ways():
+    assert "recovery.cli" in _imports("filesink.cli")
+    assert not any(_within(m, "filesink.cli") for m in _imports("recovery.cli"))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_the_owners_use_a_storage_client(module):
+    """The output's S3 client belongs to filesink.output, the log store's to logstore.storage; the demo (an extra)
+    has its own S3 server and its clients."""
+    clients = sorted(m for m in _imports(module) if m.split(".")[0] in STORAGE_CLIENTS)
+    if _within(module, OUTPUT) or module == "logstore.storage" or _within(module, DEMO):
+        return
+    assert clients == [], f"{module} imports {clients}; go through filesink.output or logstore.storage"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("logstore")))
+def test_the_log_tables_are_read_through_the_log_store_only(module):
+    found = sorted(set(LOG_TABLES.findall(MODULES[module].read_text())))
+    assert found == [], f"{module} names the log store's tables {found}; use a LogStore method"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_sqlite_is_used_by_its_owners_only(module):
+    """The connection and its errors belong to logstore (statedb, store); the ledger uses them for its tables."""
+    if module in {"logstore.statedb", "logstore.store"}:
+        return
+    assert "sqlite3" not in _imports(module), f"{module} imports sqlite3; SQLite errors are translated by the owners"
