@@ -14,13 +14,23 @@ import pytest
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("logstore", "filesink", "recovery")
 
-TOP = {"filesink", "filesink.sink", "filesink.run", "filesink.cli", "filesink.progress", "filesink.preflight", "filesink.__main__"}
+TOP = {
+    "filesink",
+    "filesink.sink",
+    "filesink.run",
+    "filesink.cli",
+    "filesink.progress",
+    "filesink.preflight",
+    "filesink.__main__",
+}
 """The layer above recovery: the sink object (it runs recovery at start-up; the package's ``__init__`` is its public
 face), the commands and what only they use."""
 DEMO = "filesink.demo"
 OUTPUT = "filesink.output"
 STORAGE_CLIENTS = ("s3fs", "fsspec", "botocore", "aiobotocore")
-LOG_TABLES = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(log_(?:store|epochs|segments|segment_vnodes|vnodes))\b", re.I)
+LOG_TABLES = re.compile(
+    r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(log_(?:store|epochs|segments|segment_vnodes|vnodes))\b", re.IGNORECASE
+)
 
 
 def _modules() -> dict[str, Path]:
