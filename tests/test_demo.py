@@ -10,16 +10,18 @@ import sys
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from helpers import run
 
 from filesink.demo import verify, write_events
 
 
 def _run(module: str, tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run(
         [sys.executable, "-m", module, "demo", "--dir", str(tmp_path / "demo"), *args],
+        900,
+        f"{module} demo",
         capture_output=True,
         text=True,
-        timeout=900,
     )
 
 
