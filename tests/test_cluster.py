@@ -104,6 +104,7 @@ def _text(tmp_path: Path, run: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(620)  # 205 s measured (cluster start included) on a busy 2-core machine
 def test_executor_killed_while_writing_a_file(spark_cluster, tmp_path, s3_prefix, s3_options):
     cluster = spark_cluster
     (tmp_path / "input").mkdir()
@@ -177,6 +178,7 @@ def test_a_cluster_that_does_not_come_up_reports_its_logs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(480)  # 160 s measured (cluster start included) on a busy 2-core machine
 def test_filesink_run_on_the_cluster(spark_cluster, tmp_path, s3_server, s3_prefix, s3_options):
     """``filesink run --master spark://...``: the executors append to the log store on S3 and write the files;
     credentials reach them with the storage options (the executors' environment has none)."""

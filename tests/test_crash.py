@@ -103,7 +103,7 @@ def _random_kills(state_dir, seed, url=None, options=None, kills=5, epochs=1500,
         assert proc.returncode == -9 and f"sealed {epochs - 1}" not in out, "the kill must land mid-run"
         _check(state_dir, url, options, rows=rows)
     proc = _child(state_dir, url, options, epochs=epochs, rows=rows)
-    _, err = communicate(proc, 600, "the last writer to finish")
+    _, err = communicate(proc, 240, "the last writer to finish")
     assert proc.returncode == 0, err
     assert _check(state_dir, url, options, rows=rows) == epochs - 1
 

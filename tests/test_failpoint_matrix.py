@@ -81,7 +81,7 @@ class Job:
             time.sleep(0.2)
             assert proc.poll() is None, "a hanging job must still be running"
             os.killpg(proc.pid, signal.SIGKILL)
-        out, err = communicate(proc, 300, f"the job with failpoints {failpoints!r} to end")
+        out, err = communicate(proc, 240, f"the job with failpoints {failpoints!r} to end")
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
     def fail(self, point: str, action: str, nth: int | str, parallelism: int = 2) -> None:

@@ -51,7 +51,7 @@ def _job(tmp_path: Path, parallelism: int, failpoints: str = "") -> subprocess.C
     proc = subprocess.Popen(
         args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    out, err = communicate(proc, 600, f"the job (parallelism {parallelism}) to end")
+    out, err = communicate(proc, 300, f"the job (parallelism {parallelism}) to end")
     if proc.returncode != 0:  # the driver was killed: make sure its JVM and workers go with it
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -109,6 +109,7 @@ def _recover(tmp_path: Path, step: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # 130 s measured on a busy 2-core machine
 def test_killed_during_rollover_then_recovered_and_rescaled(tmp_path):
     expected: Counter = Counter()
     _add_input(tmp_path, 0, 6, expected)

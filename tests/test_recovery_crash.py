@@ -120,7 +120,7 @@ class Case:
                 "--json",
                 *self.flags,
             ],
-            300,
+            240,
             f"recover apply (failpoints {failpoints!r})",
             env=env,
             capture_output=True,

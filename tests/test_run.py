@@ -45,7 +45,7 @@ def _write(directory: Path, batch: int, rows: int = 300, fmt: str = "parquet") -
     return data
 
 
-def filesink(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def filesink(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return run(
         [sys.executable, "-m", "filesink", *args],
         timeout,
@@ -253,7 +253,7 @@ def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
     try:
         # Wait until two epochs are in. Progress lines are polled: one may cover several epochs.
         wait_for_line(
-            proc, _two_epochs_in, 300, "a progress line 'epoch N:' with N >= 1", stream=proc.stderr, skip=True
+            proc, _two_epochs_in, 240, "a progress line 'epoch N:' with N >= 1", stream=proc.stderr, skip=True
         )
         if how == "sigterm-to-the-command":
             proc.send_signal(signal.SIGTERM)

@@ -144,7 +144,7 @@ def campaign(
     if zombie is not None:
         wait_for_line(proc, "started\n", LINE_TIMEOUT, "the line 'started' (the restart has recovered)")
         _resume_zombie(zombie, key, out, options)
-    out_text, err = communicate(proc, 900, "the last run to finish")
+    out_text, err = communicate(proc, 600, "the last run to finish")
     assert proc.returncode == 0 and out_text.endswith("done\n"), err[-3000:]
     report = check(out, options, expected)
     assert landed == kills, f"seed {seed}: every kill must land while the job runs ({landed} of {kills} did)"
@@ -161,6 +161,7 @@ def _report(report: Report, capsys: pytest.CaptureFixture[str], request: pytest.
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 300-405 s measured on a busy 2-core machine
 @pytest.mark.parametrize("seed", [11, 13])
 def test_sigkill_at_random_moments_with_rescale_and_paused_writers(tmp_path, capsys, request, seed):
     """Two campaigns of 8 kills rather than one of 16, so that the two test processes share them."""
@@ -168,6 +169,7 @@ def test_sigkill_at_random_moments_with_rescale_and_paused_writers(tmp_path, cap
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # 215 s measured on a busy 2-core machine
 def test_sigkill_at_random_moments_on_s3(tmp_path, s3_prefix, s3_options, capsys, request):
     report = campaign(tmp_path, seed=12, kills=5, out=s3_prefix + "/table", options=s3_options, zombie_every=3)
     _report(report, capsys, request)
@@ -177,6 +179,7 @@ CHAOS_SEEDS = range(100, 120)
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(2400)  # 15 kills: about twice the default tier's 8-kill campaigns (not measured)
 @pytest.mark.parametrize("seed", CHAOS_SEEDS)
 def test_chaos_campaign(tmp_path, request, capsys, seed):
     """The on-demand campaign: 20 seeds x 15 kills (every fourth seed on S3), paused writers included. Run it
