@@ -221,7 +221,7 @@ class SeaweedServer:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()
+                process.wait(30)  # a SIGKILLed process is reaped at once; never wait without a bound
         # weed also creates /tmp/seaweedfs-<component>-grpc-<port>.sock (fixed location, no flag) and does
         # not always remove them, e.g. when stopped while still starting.
         while self._grpc_sockets:

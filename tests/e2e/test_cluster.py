@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cluster import SparkCluster, SparkClusterError, executor_of
-from helpers import SUPPORT, support_env
+from helpers import SUPPORT, kill, run, support_env, wait_until
 from sink_helpers import COLUMNS, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink.output import is_file_name
@@ -63,9 +63,7 @@ def _finish(proc: subprocess.Popen, tmp_path: Path, run: int) -> int:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill(proc, group=True)
 
 
 def _uploads(out: str, options: dict[str, Any]) -> list[str]:
@@ -77,13 +75,14 @@ def _uploads(out: str, options: dict[str, Any]) -> list[str]:
 
 
 def _wait_for_hang(proc: subprocess.Popen, shared: Path, cluster: SparkCluster, tmp_path: Path) -> tuple[int, str]:
-    deadline = time.monotonic() + TIMEOUT
-    while not fired(str(shared)):
-        if proc.poll() is not None:
-            pytest.fail(f"the job ended (exit {proc.returncode}) before a writer hung:\n{_text(tmp_path, 1)}")
-        if time.monotonic() > deadline:
-            pytest.fail(cluster.describe("no file writer hung within the deadline") + _text(tmp_path, 1))
-        time.sleep(0.2)
+    wait_until(
+        lambda: fired(str(shared)),
+        TIMEOUT,
+        "a file writer to hang",
+        proc=proc,
+        describe=lambda: cluster.describe("--- the cluster:") + _text(tmp_path, 1),
+        interval=0.2,
+    )
     [(name, pid, key)] = fired(str(shared))
     assert name == "filesink.write.publish.before" and HUNG_WRITER in key, (name, key)
     return pid, key
@@ -105,6 +104,7 @@ def _text(tmp_path: Path, run: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(620)  # 205 s measured (cluster start included) on a busy 2-core machine
 def test_executor_killed_while_writing_a_file(spark_cluster, tmp_path, s3_prefix, s3_options):
     cluster = spark_cluster
     (tmp_path / "input").mkdir()
@@ -178,6 +178,7 @@ def test_a_cluster_that_does_not_come_up_reports_its_logs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(480)  # 160 s measured (cluster start included) on a busy 2-core machine
 def test_filesink_run_on_the_cluster(spark_cluster, tmp_path, s3_server, s3_prefix, s3_options):
     """``filesink run --master spark://...``: the executors append to the log store on S3 and write the files;
     credentials reach them with the storage options (the executors' environment has none)."""
@@ -199,8 +200,8 @@ def test_filesink_run_on_the_cluster(spark_cluster, tmp_path, s3_server, s3_pref
     for conf in ("spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1", "spark.ui.enabled=false"):
         args += ["--conf", conf]
     args += ["--conf", "spark.executor.cores=1", "--conf", "spark.executor.memory=512m"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "filesink", *args], env=env, capture_output=True, text=True, timeout=TIMEOUT
+    proc = run(
+        [sys.executable, "-m", "filesink", *args], TIMEOUT, "filesink run", env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "done: 900 rows in 3 batches" in proc.stdout, proc.stdout

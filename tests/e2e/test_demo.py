@@ -10,20 +10,23 @@ import sys
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from helpers import run
 
 from filesink.demo import verify, write_events
 
 
 def _run(module: str, tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run(
         [sys.executable, "-m", module, "demo", "--dir", str(tmp_path / "demo"), *args],
+        300,
+        f"{module} demo",
         capture_output=True,
         text=True,
-        timeout=900,
     )
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # 80-100 s measured on a busy 2-core machine
 @pytest.mark.parametrize("s3", [False, True], ids=["local", "s3"])
 def test_demo_kills_restarts_and_verifies(tmp_path, s3):
     proc = _run("filesink", tmp_path, "--files", "6", "--rows", "20000", *(["--s3"] if s3 else []))

@@ -40,18 +40,21 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     mount_point = tmp_path / "small"
     mount_point.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small file system here: {mounted.stderr.strip()}")
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=60)
 
 
 def _grow(mount_point: Path) -> None:
-    subprocess.run(["mount", "-o", "remount,size=256m", str(mount_point)], check=True)
+    subprocess.run(["mount", "-o", "remount,size=256m", str(mount_point)], check=True, timeout=60)
 
 
 def test_log_store_disk_full_then_space_is_back(tmp_path, request, monkeypatch, small_fs):

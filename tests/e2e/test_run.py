@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import communicate, kill, run, wait_for_line
 from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
 
 from filesink.cli import parse_duration, parse_size
@@ -43,12 +45,13 @@ def _write(directory: Path, batch: int, rows: int = 300, fmt: str = "parquet") -
     return data
 
 
-def filesink(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def filesink(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return run(
         [sys.executable, "-m", "filesink", *args],
+        timeout,
+        f"filesink {args[0]}",
         capture_output=True,
         text=True,
-        timeout=timeout,
         env=dict(os.environ, **(env or {})),
     )
 
@@ -225,6 +228,12 @@ def test_json_and_csv_input(tmp_path, fmt):
     assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
 
 
+def _two_epochs_in(line: str) -> bool:
+    """Whether ``line`` is a progress line of epoch 1 or later."""
+    found = re.match(r"epoch (\d+):", line)
+    return found is not None and int(found.group(1)) >= 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigterm-to-the-command", "ctrl-c-to-the-process-group"])
 def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
@@ -241,17 +250,18 @@ def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
         text=True,
         start_new_session=True,
     )
-    assert proc.stderr is not None
-    for line in proc.stderr:  # wait until two epochs are in
-        if line.startswith("epoch 1:"):
-            break
-    else:
-        pytest.fail(f"no progress line: {proc.communicate()}")
-    if how == "sigterm-to-the-command":
-        proc.send_signal(signal.SIGTERM)
-    else:
-        os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        # Wait until two epochs are in. Progress lines are polled: one may cover several epochs.
+        wait_for_line(
+            proc, _two_epochs_in, 240, "a progress line 'epoch N:' with N >= 1", stream=proc.stderr, skip=True
+        )
+        if how == "sigterm-to-the-command":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, err = communicate(proc, 120, "the stopped run to exit")
+    finally:
+        kill(proc, group=True)
     assert proc.returncode == 0, err[-3000:]
     assert "stopping: waiting for the batch in progress" in err
     assert out.startswith("stopped: ") and "the log store holds " in out and "not yet in files" in out, out

@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 import zombie_writer
-from helpers import SUPPORT, process_state, support_env
+from helpers import SUPPORT, communicate, kill, process_state, support_env, wait_for_exit, wait_until
 from sink_helpers import _fs, append_epoch, batch_rows, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
@@ -77,10 +77,12 @@ def test_leftovers_of_a_failed_attempt_go_when_its_retry_commits(tmp_path, reque
     failpoints = f"filesink.write.publish.before={action}@1"
     attempt = zombie_writer.start(tmp_path / "task.pickle", sink.output, task, failpoints)
     try:
-        deadline = time.monotonic() + 60
-        while attempt.poll() is None and process_state(attempt.pid) != "T":
-            assert time.monotonic() < deadline, "the first attempt did not reach its failpoint"
-            time.sleep(0.02)
+        wait_until(
+            lambda: attempt.poll() is not None or process_state(attempt.pid) == "T",
+            60,
+            "the first attempt to reach its failpoint",
+            proc=attempt,
+        )
         assert attempt.returncode == (-9 if fate == "killed" else None)
         left = _leftovers(sink)
         assert len(left) == (3 if partitioned else 1), left  # the three event dates, or the one object
@@ -92,7 +94,7 @@ def test_leftovers_of_a_failed_attempt_go_when_its_retry_commits(tmp_path, reque
         if fate == "stalled":  # it carries on, and cannot publish anything
             attempt.send_signal(signal.SIGCONT)
             before = _sizes(path, options)
-            out, err = attempt.communicate(timeout=60)
+            out, err = communicate(attempt, 60, "the resumed attempt to exit")
             if where == "s3":
                 # Its upload was aborted. Its Complete then finds the object there at the size it uploaded
                 # (the retry published the same bytes), which is also what a Complete whose answer was lost
@@ -106,9 +108,7 @@ def test_leftovers_of_a_failed_attempt_go_when_its_retry_commits(tmp_path, reque
                 assert "published" not in out.splitlines(), (out, err[-3000:])
                 assert attempt.returncode == 1 and "FileWriteError" in err and "publish" in err, err[-3000:]
     finally:
-        if attempt.poll() is None:
-            attempt.kill()
-        attempt.wait()
+        kill(attempt)
 
     for epoch in range(2, 4):  # the sink goes on
         rows = batch_rows(epoch, 200, seed=5)
@@ -160,12 +160,9 @@ def test_stalled_attempt_is_fenced_after_restart_although_its_retry_recorded_the
 
     a = attempt("filesink.upload.complete.before=stop")
     try:
-        deadline = time.monotonic() + 60
-        while process_state(a.pid) != "T":
-            assert a.poll() is None and time.monotonic() < deadline, "attempt A did not reach its pause point"
-            time.sleep(0.02)
+        wait_until(lambda: process_state(a.pid) == "T", 60, "attempt A to reach its pause point", proc=a)
         b = attempt("filesink.write.publish.before=kill")
-        assert b.wait(60) == -9
+        assert wait_for_exit(b, 60, "attempt B to die at its failpoint") == -9
         b.stdout.close()  # type: ignore[union-attr]
         old._state_lock.release()  # the old driver dies: the OS releases its lock and files
         old.log_store.close()
@@ -177,11 +174,9 @@ def test_stalled_attempt_is_fenced_after_restart_although_its_retry_recorded_the
             open_sink(1)
         monkeypatch.delenv(ENV_VAR)
         a.send_signal(signal.SIGCONT)
-        out, _ = a.communicate(timeout=120)
+        out, _ = communicate(a, 120, "attempt A to exit once resumed")
     finally:
-        if a.poll() is None:
-            a.kill()
-        a.wait()
+        kill(a)
     assert a.returncode == 3 and out.startswith("fenced:"), f"attempt A was not fenced: {out}"
 
     new = open_sink(1)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
+from helpers import wait_until
 from sink_helpers import batch_df, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink import (
@@ -204,10 +204,10 @@ def test_age_rule_fires_while_the_stream_is_idle(spark, tmp_path):
     sink = ExactlyOnceParquetSink(path, tmp_path / "state", vnodes=8, parallelism=1, rollover=rules)
     expected = _run(sink, spark, 1)
     assert parquet_files(path) == []
-    deadline = time.monotonic() + 30
-    while not parquet_files(path) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    sink.close()
+    try:
+        wait_until(lambda: parquet_files(path), 30, "the age rule to publish a file while the stream is idle")
+    finally:
+        sink.close()
     assert read_pyarrow(path) == expected
 
 

@@ -279,7 +279,7 @@ def test_same_task_same_bytes(log, tmp_path, s3_prefix, s3_options):
 
     third = OutputLocation(str(tmp_path / "three"))  # another process, another hash seed
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    subprocess.run([sys.executable, "-c", _RERUN], input=pickle.dumps((third, task)), env=env, check=True)
+    subprocess.run([sys.executable, "-c", _RERUN], input=pickle.dumps((third, task)), env=env, check=True, timeout=120)
     assert {k: read_bytes(third, k) for k in listed(third)} == files
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 from crash_child import VNODES, epoch_rows
-from helpers import SUPPORT, flatten, support_env
+from helpers import SUPPORT, communicate, flatten, support_env, wait_for_line
 
 from logstore import LogStore
 from logstore.failpoints import ENV_VAR
@@ -67,7 +67,7 @@ def test_kill_at_each_step_of_append_and_seal(tmp_path, point):
     # Hit 5 of the append points is epoch 2's first append; hit 3 of the seal points is epoch 2's seal.
     nth = 5 if "append" in point or "storage" in point else 3
     proc = _child(tmp_path, failpoints=f"{point}=kill@{nth}")
-    out, err = proc.communicate(timeout=120)
+    out, err = communicate(proc, 120, f"the writer to die at {point}")
     assert proc.returncode == -9, err
     assert out.splitlines() == ["started", "sealed 0", "sealed 1"]
     last = _check(tmp_path, collect=False)
@@ -79,7 +79,7 @@ def test_kill_at_each_step_of_append_and_seal(tmp_path, point):
     _check(tmp_path)
 
     proc = _child(tmp_path)  # restart without failpoints: the job finishes, every epoch exactly once
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120, "the restarted writer to finish")
     assert proc.returncode == 0, err
     assert _check(tmp_path) == EPOCHS - 1
 
@@ -89,18 +89,18 @@ def _random_kills(state_dir, seed, url=None, options=None, kills=5, epochs=1500,
     rng = random.Random(seed)
     for _ in range(kills):
         proc = _child(state_dir, url, options, epochs=epochs, rows=rows)
-        assert proc.stdout.readline() == "started\n", proc.stderr.read()
+        wait_for_line(proc, "started\n", 120, "the writer's line 'started'")
         # a random number of epochs in (so that each kill lands mid-run, whatever the storage's speed), then a
         # random moment within an epoch's work: append, seal or between
         for _ in range(rng.randrange(0, 25)):
-            assert proc.stdout.readline().startswith("sealed "), proc.stderr.read()
+            wait_for_line(proc, lambda line: line.startswith("sealed "), 60, "the writer's next line 'sealed N'")
         time.sleep(rng.uniform(0.0, 0.05))
         proc.kill()
-        out, _ = proc.communicate(timeout=60)
+        out, _ = communicate(proc, 60, "the killed writer to exit")
         assert proc.returncode == -9 and f"sealed {epochs - 1}" not in out, "the kill must land mid-run"
         _check(state_dir, url, options, rows=rows)
     proc = _child(state_dir, url, options, epochs=epochs, rows=rows)
-    _, err = proc.communicate(timeout=600)
+    _, err = communicate(proc, 240, "the last writer to finish")
     assert proc.returncode == 0, err
     assert _check(state_dir, url, options, rows=rows) == epochs - 1
 

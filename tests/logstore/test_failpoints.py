@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import process_state
+from helpers import communicate, kill, process_state, wait_for_line, wait_until
 
 from logstore.failpoints import ENV_VAR, FailpointError, failpoint
 
@@ -54,21 +54,17 @@ def test_detail_filter_counts_only_matching_places(monkeypatch):
 
 def test_stop_action_pauses_until_continued():
     import signal
-    import time
 
     code = "from logstore.failpoints import failpoint; print('before', flush=True); failpoint('p'); print('after')"
     proc = subprocess.Popen([sys.executable, "-c", code], env={ENV_VAR: "p=stop"}, stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "before\n"
-        deadline = time.monotonic() + 30
-        while process_state(proc.pid) != "T":
-            assert time.monotonic() < deadline, "the process did not stop itself"
-            time.sleep(0.02)
+        wait_for_line(proc, "before\n", 30, "the line 'before'")
+        wait_until(lambda: process_state(proc.pid) == "T", 30, "the process to stop itself", proc=proc)
         proc.send_signal(signal.SIGCONT)
-        out, _ = proc.communicate(timeout=30)
+        out, _ = communicate(proc, 30, "the continued process to exit")
         assert proc.returncode == 0 and out == "after\n"
     finally:
-        proc.kill()
+        kill(proc)
 
 
 def test_once_across_processes_and_the_fired_log(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import dataclasses
 import multiprocessing
 import pickle
 import random
+from queue import Empty
 
 import pyarrow as pa
 import pytest
@@ -116,9 +117,17 @@ def test_append_is_a_plain_picklable_function(open_store):
     vnodes = [i * 7 % 8 for i in ids]
     proc = ctx.Process(target=_append_in_child, args=(store.target, 0, ids, vnodes, queue))
     proc.start()
-    desc = queue.get(timeout=120)
-    proc.join(60)
-    assert proc.exitcode == 0
+    try:
+        try:
+            desc = queue.get(timeout=120)
+        except Empty:
+            pytest.fail(f"the child process sent no segment within 120 s (exit code {proc.exitcode})")
+        proc.join(60)
+        assert proc.exitcode == 0, f"the child's exit code: {proc.exitcode} (None: still running after 60 s)"
+    finally:
+        if proc.is_alive():  # a child left running would also hang the interpreter's exit (it joins children)
+            proc.kill()
+            proc.join(10)
     store.seal(0, [desc])
     assert sorted(r[2] for r in flatten(store.read(range(0, 8), -1, 0))) == ids
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from helpers import run
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
@@ -107,7 +108,7 @@ class Case:
 
     def recover(self, failpoints: str = "") -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, **self.env, **{ENV_VAR: failpoints})
-        return subprocess.run(
+        return run(
             [
                 sys.executable,
                 "-m",
@@ -118,10 +119,11 @@ class Case:
                 "--json",
                 *self.flags,
             ],
+            240,
+            f"recover apply (failpoints {failpoints!r})",
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
         )
 
     def snapshot(self) -> dict[str, Any]:

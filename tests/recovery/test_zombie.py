@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 import zombie_writer
-from helpers import SUPPORT, process_state
+from helpers import SUPPORT, communicate, kill, process_state, wait_until
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
@@ -48,13 +48,7 @@ TRIALS = [("local", i, *LOCAL_PAUSES[i % 5]) for i in range(10)] + [("s3", i, *S
 
 
 def _wait_stopped(proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while process_state(proc.pid) != "T":
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(f"the writer finished instead of pausing (exit {proc.returncode}): {out} {err[-2000:]}")
-        assert time.monotonic() < deadline, "the writer did not reach its pause point"
-        time.sleep(0.02)
+    wait_until(lambda: process_state(proc.pid) == "T", 60, "the writer to reach its pause point", proc=proc)
 
 
 @pytest.mark.parametrize(("where", "trial", "pause", "partitioned"), TRIALS, ids=[f"{t[0]}-{t[1]}" for t in TRIALS])
@@ -101,11 +95,9 @@ def test_paused_writer_is_fenced_after_restart(tmp_path, request, where, trial, 
         assert new.ledger.pending() == []
 
         zombie.send_signal(signal.SIGCONT)
-        out, err = zombie.communicate(timeout=120)
+        out, err = communicate(zombie, 120, "the resumed writer to exit")
     finally:
-        if zombie.poll() is None:
-            zombie.kill()
-            zombie.wait()
+        kill(zombie)
     assert zombie.returncode == 3 and out.startswith("fenced:"), f"the zombie was not fenced: {out} {err[-3000:]}"
     assert f"term {old.term}" in out
 

@@ -144,7 +144,8 @@ class SparkCluster:
         return self.master_url
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the daemons (a worker stops its executors), then SIGKILL whatever of them is left."""
+        """SIGTERM the daemons (a worker stops its executors), then SIGKILL whatever of them is left (each wait
+        at most ``timeout`` seconds)."""
         daemons = [d for d in self._daemons if d.process is not None]
         for daemon in reversed(daemons):  # workers first
             assert daemon.process is not None
@@ -162,7 +163,7 @@ class SparkCluster:
             assert daemon.process is not None
             if daemon.process.poll() is None:
                 daemon.process.kill()
-            daemon.process.wait()
+            daemon.process.wait(timeout)  # SIGKILLed: reaped at once
             daemon.process = None
 
     def _environment(self, home: Path) -> dict[str, str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import matrix_job
 import pytest
 from checker import check
-from helpers import support_env
+from helpers import communicate, support_env, wait_until
 from matrix_job import PARTITION_BY, expected_rows
 
 from logstore.failpoints import DIR_VAR, ENV_VAR, fired
@@ -74,14 +74,11 @@ class Job:
             args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
         if action == "hang":
-            deadline = time.monotonic() + 120
-            while len(fired(str(self.shared))) == before and proc.poll() is None:
-                assert time.monotonic() < deadline, f"{failpoints} never fired"
-                time.sleep(0.02)
+            wait_until(lambda: len(fired(str(self.shared))) > before, 120, f"{failpoints} to fire", proc=proc)
             time.sleep(0.2)
             assert proc.poll() is None, "a hanging job must still be running"
             os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        out, err = communicate(proc, 240, f"the job with failpoints {failpoints!r} to end")
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
     def fail(self, point: str, action: str, nth: int | str, parallelism: int = 2) -> None:

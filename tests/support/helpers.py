@@ -1,13 +1,22 @@
-"""Data and comparison helpers shared by the log store tests."""
+"""Data and comparison helpers shared by the log store tests, and waits with a deadline for every test."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import random
-from collections.abc import Iterable, Mapping
+import select
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any, NoReturn
 
 import pyarrow as pa
+import pytest
 
 from logstore import LogBatch
 
@@ -72,3 +81,208 @@ def support_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str
     env = dict(os.environ if base is None else base, **extra)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")]))
     return env
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Waits with a deadline: a test waiting for a subprocess, a line of its output or a state fails naming what it
+# waited for, with the end of the subprocess's output, and kills the subprocess (a test never hangs).
+# ---------------------------------------------------------------------------------------------------------
+
+KILL_WAIT = 30.0
+"""Seconds to wait for a SIGKILLed process to be reaped."""
+DRAIN_WAIT = 10.0
+"""Seconds to read what is left on a killed process's pipes (a process it started may still hold them open)."""
+TAIL = 3000
+"""Characters of a process's output shown in a failure."""
+
+
+def kill(proc: subprocess.Popen[Any], *, group: bool | None = None, timeout: float = KILL_WAIT) -> None:
+    """SIGKILL ``proc`` and reap it. With ``group``, its whole process group too (a process started with
+    ``start_new_session=True``: a Spark driver's JVM and Python workers go with it); by default, whether it
+    leads its group is found out while it is not yet reaped. A process that already ended is only reaped."""
+    if group is None:
+        try:
+            group = proc.returncode is None and os.getpgid(proc.pid) == proc.pid
+        except ProcessLookupError:
+            group = False
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()  # nothing once it is reaped
+    proc.wait(timeout)
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    *,
+    proc: subprocess.Popen[Any] | None = None,
+    describe: Callable[[], str] | None = None,
+    interval: float = 0.05,
+) -> None:
+    """Poll ``predicate()`` until it is true. Fail the test, naming ``what``, when ``timeout`` seconds pass
+    first, or when ``proc`` (if given) ends first; ``proc`` is then killed, and the end of its output (and
+    ``describe()``) is in the message."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            _fail(f"the process ended (exit {proc.returncode}) while waiting for {what}", proc, describe)
+        if time.monotonic() > deadline:
+            _fail(f"timed out after {timeout:g} s waiting for {what}", proc, describe)
+        time.sleep(interval)
+
+
+def readline_with_deadline(
+    proc: subprocess.Popen[str], timeout: float, what: str, *, stream: IO[str] | None = None
+) -> str:
+    """The next line of ``proc``'s stdout (or of ``stream``, another of its text pipes); "" at the end of it.
+    When no line comes within ``timeout`` seconds, kill ``proc`` and fail the test naming ``what``."""
+    stream = proc.stdout if stream is None else stream
+    assert stream is not None, "not a pipe"
+    line = _read_line(stream, time.monotonic() + timeout)
+    if line is None:
+        _fail(f"timed out after {timeout:g} s waiting for {what}", proc)
+    return line
+
+
+def wait_for_line(
+    proc: subprocess.Popen[str],
+    match: str | Callable[[str], object],
+    timeout: float,
+    what: str,
+    *,
+    stream: IO[str] | None = None,
+    skip: bool = False,
+) -> str:
+    """Read ``proc``'s stdout (or ``stream``, another of its text pipes) until a line that is ``match`` (with
+    its newline) or for which ``match(line)`` is true; return it. Without ``skip`` it must be the next line.
+    When another line comes (without ``skip``), the stream ends, or ``timeout`` seconds pass first, kill
+    ``proc`` and fail the test naming ``what``, with the lines read and the end of the process's output."""
+    stream = proc.stdout if stream is None else stream
+    assert stream is not None, "not a pipe"
+    matches = (lambda line: line == match) if isinstance(match, str) else match
+    deadline = time.monotonic() + timeout
+    read: list[str] = []
+    while True:
+        line = _read_line(stream, deadline)
+        if line is None:
+            _fail(f"timed out after {timeout:g} s waiting for {what}", proc, read=read, stream=stream)
+        if not line:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(DRAIN_WAIT)
+            ended = "still running" if proc.returncode is None else f"exit {proc.returncode}"
+            _fail(f"the output ended ({ended}) before {what}", proc, read=read, stream=stream)
+        read.append(line)
+        if matches(line):
+            return line
+        if not skip:
+            _fail(f"waiting for {what}, read {line!r}", proc, read=read, stream=stream)
+
+
+def communicate(proc: subprocess.Popen[str], timeout: float, what: str) -> tuple[str, str]:
+    """``proc.communicate()``, for at most ``timeout`` seconds: if ``proc`` has not ended by then, kill it and
+    fail the test naming ``what``, with the end of its output."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    kill(proc)
+    try:
+        out, err = proc.communicate(timeout=DRAIN_WAIT)
+    except subprocess.TimeoutExpired as e:  # a process it started still holds the pipes open
+        out, err = e.stdout, e.stderr
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what} (pid {proc.pid}, killed){_output(out, err)}")
+
+
+def wait_for_exit(proc: subprocess.Popen[Any], timeout: float, what: str) -> int:
+    """``proc.wait()``, for at most ``timeout`` seconds: if ``proc`` has not ended by then, kill it and fail
+    the test naming ``what``, with the end of its output."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _fail(f"timed out after {timeout:g} s waiting for {what}", proc)
+
+
+def run(
+    args: Sequence[str], timeout: float, what: str | None = None, **kwargs: Any
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run(args, timeout=timeout, **kwargs)``; if the command has not ended within ``timeout``
+    seconds (it is then killed), fail the test naming ``what`` (default: the command), with the end of its
+    output."""
+    try:
+        return subprocess.run(args, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as e:
+        what = what or shlex.join(map(str, args))
+        pytest.fail(f"timed out after {timeout:g} s waiting for {what} (killed){_output(e.stdout, e.stderr)}")
+
+
+def _fail(
+    message: str,
+    proc: subprocess.Popen[Any] | None,
+    describe: Callable[[], str] | None = None,
+    *,
+    read: Sequence[str] = (),
+    stream: IO[str] | None = None,
+) -> NoReturn:
+    """Kill ``proc`` and fail the test with ``message``, the end of the process's output (``read`` are lines
+    already read from its pipe ``stream``) and ``describe()``."""
+    details = ""
+    if proc is not None:
+        kill(proc)
+        message += f" (pid {proc.pid}, killed)"
+        out = "".join(read) if stream is not None and stream is proc.stdout else ""
+        err = "".join(read) if stream is not None and stream is proc.stderr else ""
+        details = _output(out + _drain(proc.stdout), err + _drain(proc.stderr))
+    if describe is not None:
+        details += "\n" + describe()
+    pytest.fail(message + details)
+
+
+def _output(out: str | bytes | None, err: str | bytes | None) -> str:
+    """The ends of a process's stdout and stderr, for a failure message."""
+    text = ""
+    for name, data in (("stdout", out), ("stderr", err)):
+        if isinstance(data, bytes):
+            data = data.decode(errors="replace")
+        if data:
+            text += f"\n--- {name} (end):\n{data[-TAIL:]}"
+    return text
+
+
+def _read_line(stream: IO[str], deadline: float) -> str | None:
+    """The next line of a subprocess's text pipe ("" at its end), or None once ``deadline`` (of
+    ``time.monotonic()``) passes. The pipe's descriptor is read a byte at a time, so nothing after the line is
+    taken from the pipe: a later read, or ``communicate()``, gets the rest. (The stream object itself must
+    not have been read from: what it buffered would be skipped.)"""
+    fd = stream.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not poller.poll(math.ceil(remaining * 1000)):
+            return None
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line.decode(errors="replace").replace("\r\n", "\n")
+
+
+def _drain(stream: IO[Any] | None, timeout: float = DRAIN_WAIT) -> str:
+    """What is left on a subprocess's pipe, read until its end or for at most ``timeout`` seconds."""
+    if stream is None or stream.closed:
+        return ""
+    fd = stream.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    chunks = []
+    while (remaining := deadline - time.monotonic()) > 0 and poller.poll(math.ceil(remaining * 1000)):
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
