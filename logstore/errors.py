@@ -64,3 +64,7 @@ class StateDatabaseError(LogStoreError):
 
 class NoLogStoreError(LogStoreError):
     """A state database holds no log store (it is not a sink's, or the sink was never started)."""
+
+
+class LogStoreClaimedError(StateMismatchError):
+    """The log store's location belongs to another sink (its claim, ``sink.json``, names another sink id)."""

@@ -9,6 +9,7 @@ Errors from the storage client surface as Python built-ins: ``FileNotFoundError`
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
 from .failpoints import failpoint
+
+log = logging.getLogger(__name__)
 
 TEMP_MARK = ".tmp-"
 """Local temp files are named ``.<final name>.tmp-<random>`` next to their final name."""
@@ -118,6 +121,12 @@ class Storage(Protocol):
 
     def prune_dirs(self, prefix: str) -> None:
         """Remove empty directories below ``prefix`` (object stores have none)."""
+
+    def create(self, relpath: str, data: bytes) -> bool:
+        """Write ``data`` as a new file, durably, unless the file exists; False if it existed (nothing written).
+
+        Atomic where the store has a conditional create (local disk: a hard link; S3: ``If-None-Match: *``);
+        elsewhere, and on S3 servers that refuse the condition, a check then a write."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -272,6 +281,25 @@ class LocalStorage:
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
         return write_durable(self.root / relpath, parts)
 
+    def create(self, relpath: str, data: bytes) -> bool:
+        final = self.root / relpath
+        if final.exists():
+            return False
+        ensure_dir(final.parent)
+        temp = final.with_name(f".{final.name}{TEMP_MARK}{uuid.uuid4().hex[:8]}")
+        with open(temp, "xb") as f:  # a small record, not a segment: no failpoints of the segment writes
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temp, final)  # fails if the name exists: an atomic create
+        except FileExistsError:
+            return False
+        finally:
+            temp.unlink(missing_ok=True)
+        fsync_dir(final.parent)
+        return True
+
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         with open(self.root / relpath, "rb") as f:
             return os.pread(f.fileno(), length, offset)
@@ -350,6 +378,25 @@ class FsspecStorage:
             self.fs.pipe_file(self._full(relpath), data, **kwargs)
         return len(data)
 
+    def create(self, relpath: str, data: bytes) -> bool:
+        if self._is_s3:
+            bucket, key, _ = self.fs.split_path(self._full(relpath))
+            try:
+                with self._naming("create", relpath):
+                    self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+                return True
+            except OSError as e:
+                if _precondition_failed(e):
+                    return False
+                if not _condition_unsupported(e):
+                    raise
+                log.info("%s: the S3 server refused If-None-Match (%s); checking, then writing", self.root, e)
+        with self._naming("check", relpath):
+            if self.fs.exists(self._full(relpath)):
+                return False
+        self.write(relpath, [data])
+        return True
+
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         if length == 0:
             return b""
@@ -389,3 +436,15 @@ class FsspecStorage:
 
     def prune_dirs(self, prefix: str) -> None:
         return None
+
+
+def _precondition_failed(e: OSError) -> bool:
+    """Whether an S3 error (as s3fs raises it) is ``412 Precondition Failed`` (or ``409`` while another conditional
+    write of the key is in progress): the object exists."""
+    text = f"{e} {e.__cause__ or ''}"
+    return "PreconditionFailed" in text or "412" in text or "ConditionalRequestConflict" in text
+
+
+def _condition_unsupported(e: OSError) -> bool:
+    text = f"{e} {e.__cause__ or ''}"
+    return any(word in text for word in ("NotImplemented", "501", "InvalidArgument", "InvalidRequest"))

@@ -25,6 +25,7 @@ from .errors import (
     EpochNotSealedError,
     EpochOrderError,
     EpochSealedError,
+    LogStoreClaimedError,
     NoLogStoreError,
     SegmentCorruptError,
     SegmentError,
@@ -51,6 +52,8 @@ from .storage import LogLocation, is_local
 DEFAULT_VNODES = 256
 NOTHING = -1
 """The epoch value meaning "none yet" for last sealed epochs and truncate points."""
+CLAIM_FILE = "sink.json"
+"""At the log store's root: the id of the sink that owns the location. Two sinks never share a log store."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,31 @@ class LogStore:
         self.vnodes: int = recorded_vnodes
         self.storage = location.open()
         self.target = AppendTarget(location, self.vnodes, self.sink_id)
+        if not self.readonly:
+            self.check_claim()
+
+    def check_claim(self) -> None:
+        """Claim the log store's location for this sink (``sink.json`` at its root, created if missing, with a
+        conditional create where the store has one), and raise :class:`LogStoreClaimedError` if it names another
+        sink. Checked at every open and before every garbage sweep, so that a sink never deletes files of a log
+        store it does not own."""
+        record = json.dumps({"sink_id": self.sink_id, "vnodes": self.vnodes}, sort_keys=True).encode()
+        try:
+            data = self.storage.read_all(CLAIM_FILE)
+        except FileNotFoundError:
+            self.storage.create(CLAIM_FILE, record)
+            data = self.storage.read_all(CLAIM_FILE)
+        try:
+            claimed = str(json.loads(data)["sink_id"])
+        except (ValueError, KeyError, TypeError):
+            claimed = f"unreadable claim {data[:80]!r}"
+        if claimed != self.sink_id:
+            raise LogStoreClaimedError(
+                f"the {self._where} belongs to sink {claimed} (its {self.storage.display(CLAIM_FILE)}), not to this "
+                f"sink {self.sink_id} (state database {self.db_path}). Two sinks cannot share a log store: their "
+                "garbage collection would delete each other's segments. Nothing was written or deleted. Give this "
+                "sink a log store location of its own (e.g. a subdirectory per sink), or open the sink that owns it."
+            )
 
     @classmethod
     def open(
@@ -609,6 +637,7 @@ class LogStore:
             report.released_segments += 1
             report.bytes_freed += size
         if sweep:
+            self.check_claim()
             self._sweep(report, unsealed=unsealed)
         return report
 

@@ -30,8 +30,10 @@ from filesink.planner import plan
 from filesink.writer import write_file
 from logstore import VNODE_COLUMN
 from logstore.failpoints import ENV_VAR, FailpointError
+from logstore.store import CLAIM_FILE
 from recovery.cli import open_sink
 
+HOME_FILES = (TERM_FILE, CLAIM_FILE)
 RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)
 PARTS = ("event_date",)
 KILL_POINTS = [
@@ -137,7 +139,9 @@ class Case:
                 "objects": sorted(
                     (key.replace(self.sink_id[:8], "SINK"), size) for key, size in _sizes(self.path, self.options)
                 ),
-                "log_files": sorted(name.split("/")[0] for name, _ in store.storage.list_files() if name != TERM_FILE),
+                "log_files": sorted(
+                    name.split("/")[0] for name, _ in store.storage.list_files() if name not in (TERM_FILE, CLAIM_FILE)
+                ),
             }
             if sink.output.is_local:
                 staging = sink.output.local_staging()
