@@ -145,6 +145,12 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="where the log store keeps its segments, e.g. s3://bucket/sink-log, reachable by every executor "
         "(default: STATE_DIR/log, enough for local Spark)",
     )
+    run.add_argument(
+        "--accept-state-loss",
+        action="store_true",
+        help="let a new, empty state start at a batch id above 0 (its checkpoint has moved on): the rows a lost "
+        "state held and had not written are not in the output; also for a new sink on a query that ran before",
+    )
     run.add_argument("--master", metavar="URL", help="Spark master, e.g. spark://host:7077 (default: local Spark)")
     run.add_argument(
         "--checkpoint", type=Path, metavar="DIR", help="Spark checkpoint directory (default: STATE_DIR/checkpoint)"
@@ -255,6 +261,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         max_files_per_trigger=args.max_files_per_trigger,
         spark_conf=dict(args.conf),
         log_store=args.log_store,
+        accept_state_loss=args.accept_state_loss,
     )
     return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
 

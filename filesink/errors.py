@@ -35,6 +35,12 @@ class CheckpointMismatchError(FileSinkError):
     """A batch id is below the last sealed epoch and is not a replay (checkpoint reset, or a second query)."""
 
 
+class StateLostError(CheckpointMismatchError):
+    """A new, empty sink state got a batch id above 0: the query's checkpoint has moved on, so the state the sink
+    had (and the rows it held) was lost, unless this is a new sink for an existing query
+    (``accept_state_loss=True``)."""
+
+
 class SinkLockedError(FileSinkError):
     """Another live query holds the sink's state directory."""
 
@@ -88,6 +94,7 @@ __all__ = [
     "SinkOptionError",
     "SparkMasterError",
     "StateDatabaseError",
+    "StateLostError",
     "StorageAccessError",
     "exit_code",
 ]

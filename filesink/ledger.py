@@ -87,6 +87,11 @@ def _writer_terms(db: sqlite_utils.Database) -> None:
     )
 
 
+@migrations(name="0003_query_id")
+def _query_id(db: sqlite_utils.Database) -> None:
+    db.execute("ALTER TABLE sink_config ADD COLUMN query_id TEXT")
+
+
 class FileState(StrEnum):
     PENDING = "pending"
     """Pre-committed: the file may or may not be visible; its log data is kept until it is resolved."""
@@ -196,6 +201,19 @@ class Ledger:
             )
 
     # -- writer terms ---------------------------------------------------------------------------------
+
+    @db_errors("read the recorded query id")
+    def query_id(self) -> str | None:
+        """The id of the Spark streaming query (its checkpoint's) whose batches this sink takes; None before the
+        first batch of a query."""
+        value: str | None = self.db.execute("SELECT query_id FROM sink_config").fetchone()[0]
+        return value
+
+    @db_errors("record the query id")
+    def record_query_id(self, query_id: str) -> None:
+        """Record the query whose batches the sink takes (once: an id recorded already is never replaced)."""
+        with self.db.atomic():
+            self.db.execute("UPDATE sink_config SET query_id = COALESCE(query_id, ?)", (query_id,))
 
     @db_errors("read the writer term")
     def term(self) -> int:

@@ -59,6 +59,7 @@ class RunConfig:
     max_files_per_trigger: int | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     log_store: str | None = None
+    accept_state_loss: bool = False
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -206,6 +207,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         config.output,
         config.state_dir,
         log_store=config.log_store,
+        accept_state_loss=config.accept_state_loss,
         key_columns=config.keys or None,
         partition_by=config.partition_by or None,
         parallelism=config.parallelism,

@@ -30,13 +30,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from logstore import VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
+from logstore import NOTHING, VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
 from .backlog import BacklogTracker
-from .errors import CheckpointMismatchError, SchemaMismatchError, SinkFailedError, SinkOptionError
+from .errors import CheckpointMismatchError, SchemaMismatchError, SinkFailedError, SinkOptionError, StateLostError
 from .ledger import Ledger, PlannedFile
 from .lock import StateLock
 from .output import OutputLocation, forget_committed, prepare_staging, release_staging, remove_failed_attempts
@@ -98,6 +98,7 @@ class ExactlyOnceParquetSink:
         *,
         row_group_rows: int = 1_000_000,
         compression: str = "zstd",
+        accept_state_loss: bool = False,
     ) -> None:
         if not isinstance(path, str) or not path:
             raise SinkOptionError(
@@ -133,6 +134,7 @@ class ExactlyOnceParquetSink:
         self._row_group_rows = row_group_rows
         self._sample: Sample | None = None
         self._compression = compression
+        self._accept_state_loss = bool(accept_state_loss)
         self._lock = threading.RLock()
         self._state_lock = StateLock(state)
         try:
@@ -169,13 +171,7 @@ class ExactlyOnceParquetSink:
             self._spark = df.sparkSession
             if self.parallelism is None:
                 self.parallelism = int(self._spark.sparkContext.defaultParallelism)
-            last = self._store.last_sealed_epoch
-            if batch_id < last:
-                raise CheckpointMismatchError(
-                    f"batch {batch_id} arrived, but epoch {last} is already sealed in {self.state_dir}. This happens "
-                    "when the query's checkpoint was reset or deleted, or when a second query writes through this "
-                    "state directory. Restore the checkpoint, or give the query a new state directory and output."
-                )
+            last = self._check_batch(batch_id)
             if batch_id > last:
                 self._check_schema(df.schema)
                 descriptors = self._append(df, batch_id)
@@ -185,6 +181,39 @@ class ExactlyOnceParquetSink:
                 self.stats.last_epoch = batch_id
             self._roll(force=False)
             self._start_timer()
+
+    def _check_batch(self, batch_id: int) -> int:
+        """Refuse, before anything is written, a batch that is not this sink's to take; return the last sealed
+        epoch. A batch id equal to it is a replay (Spark runs the last batch again after a crash)."""
+        query_id = _query_id(self._spark)
+        recorded = self._ledger.query_id()
+        if query_id and recorded and query_id != recorded:
+            raise CheckpointMismatchError(
+                f"batch {batch_id} comes from streaming query {query_id}, but this sink (state directory "
+                f"{self.state_dir}) takes the batches of query {recorded}, the one it recorded at its first batch. A "
+                "query's id is kept in its checkpoint: another id means the checkpoint was deleted or replaced, or "
+                "another query writes through this sink. Nothing of this batch was written. Restore the original "
+                "checkpoint (checkpointLocation), or give this query a new state directory, log store and output."
+            )
+        last = self._store.last_sealed_epoch
+        if last == NOTHING and batch_id > 0 and not self._accept_state_loss:
+            raise StateLostError(
+                f"batch {batch_id} arrived, but this sink's state in {self.state_dir} is new and empty: the query's "
+                "checkpoint is past batch 0, so the state this sink had was lost (deleted, or on a disk that did "
+                "not outlive the driver's machine), and with it the rows it held and had not yet written. Nothing "
+                "was written. Restore the state directory (and log store) the query used before; or, to accept "
+                "that those rows are not in the output (or when this is a new sink for a query that ran before), "
+                "create the sink with accept_state_loss=True (filesink run --accept-state-loss)."
+            )
+        if batch_id < last:
+            raise CheckpointMismatchError(
+                f"batch {batch_id} arrived, but epoch {last} is already sealed in {self.state_dir}. This happens "
+                "when the query's checkpoint was reset or deleted, or when a second query writes through this "
+                "state directory. Restore the checkpoint, or give the query a new state directory and output."
+            )
+        if query_id and recorded is None:
+            self._ledger.record_query_id(query_id)
+        return last
 
     def check_schema(self, schema: Any) -> None:
         """Raise :class:`SchemaMismatchError` (or :class:`SinkOptionError`) if batches of the Spark ``schema`` would
@@ -451,3 +480,16 @@ class ExactlyOnceParquetSink:
             except BaseException as e:  # reported by the next batch, flush or close
                 self._timer_error = e
                 return
+
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+"""The Spark local property that holds the running streaming query's id (kept in its checkpoint) in foreachBatch."""
+
+
+def _query_id(spark: Any) -> str | None:
+    """The id of the streaming query whose batch is being processed, or None (no Spark context, not streaming)."""
+    try:
+        value = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    except Exception:
+        return None
+    return str(value) if value else None

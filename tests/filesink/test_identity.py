@@ -1,0 +1,161 @@
+"""A sink refuses what is not its own, before it writes or deletes anything: a log store claimed by another sink,
+the batches of another streaming query, and a first batch above 0 on a new, empty state (the old state was lost).
+
+The queries are real Spark streaming queries (a file source, available-now), so that the query id comes from the
+checkpoint as it does in production.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from sink_helpers import COLUMNS, TYPES, append_epoch, batch_rows, read_pyarrow
+
+from filesink import ExactlyOnceParquetSink, Rollover
+from logstore import LogStoreClaimedError
+from logstore.store import CLAIM_FILE
+
+HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
+"""Files are written only by flush(): every sealed row is held in the log store until then."""
+SCHEMA = "id long, user_id long, event_date string, amount double"
+
+
+def _sink(root: Path, state: str, *, output: str | None = None, **kwargs):
+    return ExactlyOnceParquetSink(
+        output or str(root / "out"), root / state, vnodes=8, parallelism=2, rollover=HOLD, **kwargs
+    )
+
+
+# -- the log store's claim ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["local", "s3"])
+def base(request, tmp_path):
+    """(a base location for log stores and outputs, storage options)."""
+    if request.param == "local":
+        return str(tmp_path), None
+    return request.getfixturevalue("s3_prefix"), request.getfixturevalue("s3_options")
+
+
+def _files(sink) -> list[str]:
+    return sorted(name for name, _ in sink.log_store.storage.list_files())
+
+
+def test_a_log_store_claimed_by_another_sink_is_refused_and_nothing_is_deleted(tmp_path, base):
+    url, options = base
+    shared = f"{url}/shared-log"
+    a = _sink(tmp_path, "state-a", output=f"{url}/out-a", log_store=shared, storage_options=options)
+    append_epoch(a, 0, batch_rows(0, 200))
+    append_epoch(a, 1, batch_rows(1, 100))
+    before = _files(a)
+    assert CLAIM_FILE in before and len([n for n in before if n.endswith(".seg")]) == 2
+    with pytest.raises(LogStoreClaimedError, match=rf"belongs to sink {a.log_store.sink_id}.*not to this sink"):
+        _sink(tmp_path, "state-b", output=f"{url}/out-b", log_store=shared, storage_options=options)
+    assert _files(a) == before, "the refused sink deleted nothing (its start-up would have swept A's segments)"
+    a.flush()
+    assert read_pyarrow(a.path, options) == Counter(batch_rows(0, 200)) + Counter(batch_rows(1, 100))
+    a.close()
+
+
+def test_two_sinks_with_log_stores_of_their_own_under_one_prefix_both_work(tmp_path, base):
+    url, options = base
+    sinks = [
+        _sink(tmp_path, f"state-{n}", output=f"{url}/out-{n}", log_store=f"{url}/log/{n}", storage_options=options)
+        for n in ("a", "b")
+    ]
+    for i, sink in enumerate(sinks):
+        append_epoch(sink, 0, batch_rows(0, 50, seed=i))
+        sink.flush()
+    for i, sink in enumerate(sinks):
+        assert read_pyarrow(sink.path, options) == Counter(batch_rows(0, 50, seed=i))
+        sink.close()
+
+
+# -- batches of another query, and a lost state ----------------------------------------------------------------
+
+
+def _input_file(directory: Path, batch: int, rows: int = 300) -> Counter:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = batch_rows(batch, rows, seed=7)
+    columns = list(zip(*data, strict=True))
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
+    pq.write_table(table, directory / f"batch-{batch:03d}.parquet")
+    return Counter(data)
+
+
+def _query(spark, sink, source: Path, checkpoint: Path):
+    """One available-now run of a query over ``source`` (a file per batch) into ``sink``; its error, or None."""
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
+    query = (
+        stream.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        assert query.awaitTermination(300), "the query did not finish in 300 s"
+    except StreamingQueryException as e:
+        return e
+    return query.exception()
+
+
+def test_the_batches_of_another_query_are_refused_even_a_replayed_batch_id(spark, tmp_path):
+    """A deleted checkpoint: the new query's batch 0 has the id of the last sealed epoch, which was taken for a
+    replay and skipped (its rows lost) before the sink recorded the query's id."""
+    source = tmp_path / "input"
+    expected = _input_file(source, 0)
+    sink = _sink(tmp_path, "state")
+    assert _query(spark, sink, source, tmp_path / "checkpoint") is None
+    assert sink.log_store.last_sealed_epoch == 0
+    recorded = sink.ledger.query_id()
+    assert recorded
+
+    _input_file(source, 1)  # new rows, read by a query with a new checkpoint (a new query id) as its batch 0
+    error = _query(spark, sink, source, tmp_path / "checkpoint-new")
+    assert error is not None
+    message = str(error)
+    assert "comes from streaming query" in message and recorded in message, message
+    assert "Nothing of this batch was written" in message
+    assert sink.log_store.last_sealed_epoch == 0, "nothing sealed"
+    sink.close()
+
+    # A restart with the original checkpoint goes on: its batches 1 and 2 read the files it has not read yet.
+    expected += Counter(batch_rows(1, 300, seed=7)) + _input_file(source, 2)
+    again = _sink(tmp_path, "state")
+    assert _query(spark, again, source, tmp_path / "checkpoint") is None
+    again.flush()
+    assert read_pyarrow(again.path) == expected
+    again.close()
+
+
+def test_a_new_empty_state_refuses_a_first_batch_above_zero_unless_accepted(spark, tmp_path):
+    """The driver's disk is lost with the state directory; the checkpoint survives. The restarted query's first
+    batch is 1: refused, nothing sealed. Accepted explicitly, the sink goes on from batch 1."""
+    source = tmp_path / "input"
+    first = _input_file(source, 0)
+    old = _sink(tmp_path, "state")
+    assert _query(spark, old, source, tmp_path / "checkpoint") is None
+    old.close()  # rows of batch 0 are held in the old state's log store, never written
+
+    second = _input_file(source, 1)
+    lost = _sink(tmp_path, "state-new")
+    error = _query(spark, lost, source, tmp_path / "checkpoint")
+    assert error is not None
+    message = str(error)
+    assert "StateLostError" in message and "batch 1 arrived" in message and "accept_state_loss=True" in message
+    assert lost.log_store.last_sealed_epoch == -1, "nothing sealed"
+    lost.close()
+
+    accepted = _sink(tmp_path, "state-new", accept_state_loss=True)
+    assert _query(spark, accepted, source, tmp_path / "checkpoint") is None
+    accepted.flush()
+    written = read_pyarrow(accepted.path)
+    assert written == second, "batch 1 is written; batch 0's rows were held only by the lost state"
+    assert not written & first
+    accepted.close()
