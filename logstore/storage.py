@@ -382,14 +382,14 @@ class FsspecStorage:
         if self._is_s3:
             bucket, key, _ = self.fs.split_path(self._full(relpath))
             try:
-                with self._naming("create", relpath):
-                    self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+                self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
                 return True
             except OSError as e:
-                if _precondition_failed(e):
-                    return False
-                if not _condition_unsupported(e):
-                    raise
+                code, status = _s3_error(e)
+                if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                    return False  # the object exists (or another conditional write of it is under way)
+                if code not in ("NotImplemented", "InvalidArgument", "InvalidRequest") and status != 501:
+                    raise storage_error(f"cannot create {self.display(relpath)}", e) from e
                 log.info("%s: the S3 server refused If-None-Match (%s); checking, then writing", self.root, e)
         with self._naming("check", relpath):
             if self.fs.exists(self._full(relpath)):
@@ -438,13 +438,13 @@ class FsspecStorage:
         return None
 
 
-def _precondition_failed(e: OSError) -> bool:
-    """Whether an S3 error (as s3fs raises it) is ``412 Precondition Failed`` (or ``409`` while another conditional
-    write of the key is in progress): the object exists."""
-    text = f"{e} {e.__cause__ or ''}"
-    return "PreconditionFailed" in text or "412" in text or "ConditionalRequestConflict" in text
-
-
-def _condition_unsupported(e: OSError) -> bool:
-    text = f"{e} {e.__cause__ or ''}"
-    return any(word in text for word in ("NotImplemented", "501", "InvalidArgument", "InvalidRequest"))
+def _s3_error(e: BaseException) -> tuple[str | None, int | None]:
+    """The S3 error code and HTTP status behind an exception s3fs raised (its cause is botocore's error)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return response.get("Error", {}).get("Code"), status if isinstance(status, int) else None
+        seen = seen.__cause__ or seen.__context__
+    return None, None

@@ -349,3 +349,12 @@ def test_state_stays_bounded_by_open_work(open_store, log_url):
     assert sorted(r[2] for r in flatten(store.read(range(0, 8), epochs - 3, epochs - 1))) == list(
         range((epochs - 2) * 100, epochs * 100)
     )
+
+
+def test_create_writes_a_new_file_only_once(open_store):
+    """The conditional create behind the log store's claim: local disk (a hard link) and S3 (If-None-Match)."""
+    storage = open_store(vnodes=4).storage
+    assert storage.create("claims/one.json", b"first") is True
+    assert storage.create("claims/one.json", b"second") is False, "an existing file is never replaced"
+    assert storage.read_all("claims/one.json") == b"first"
+    assert [n for n, _ in storage.list_files("claims")] == ["claims/one.json"], "no temp file is left"
