@@ -13,11 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from logstore import LogStoreError
 from recovery.cli import add_parser as add_recover
 from recovery.cli import recover
 
-from .errors import EXIT_FAILED, FileSinkError, exit_code
+from .errors import COMMAND_ERRORS, EXIT_FAILED, report
 
 _SIZE_UNITS: dict[str, float] = {
     "": 1,
@@ -211,9 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _dispatch(parser, args)
-    except (FileSinkError, LogStoreError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_code(e)
+    except COMMAND_ERRORS as e:
+        return report(e)
     except Exception as e:
         from py4j.protocol import Py4JError
         from pyspark.errors import PySparkException

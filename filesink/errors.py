@@ -6,7 +6,9 @@ Each error has the exit code the ``filesink`` command ends with when it stops on
 
 from __future__ import annotations
 
-from logstore.errors import StateDatabaseError
+import sys
+
+from logstore.errors import LogStoreError, StateDatabaseError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_NOT_A_SINK, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 """Exit codes of every ``filesink`` command: done, failed, bad usage, a live query holds the sink, not a sink's
@@ -21,6 +23,16 @@ def exit_code(error: BaseException) -> int:
 
 class FileSinkError(Exception):
     """Base class of every file sink error."""
+
+
+COMMAND_ERRORS = (FileSinkError, LogStoreError, OSError)
+"""What a ``filesink`` command reports as ``error: <message>`` and an exit code, without a traceback."""
+
+
+def report(error: BaseException) -> int:
+    """Print ``error`` for the user of a command; return the exit code to end with."""
+    print(f"error: {error}", file=sys.stderr)
+    return exit_code(error)
 
 
 class SinkOptionError(FileSinkError, ValueError):
@@ -76,6 +88,7 @@ class SparkMasterError(FileSinkError):
 
 
 __all__ = [
+    "COMMAND_ERRORS",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_LOCKED",
@@ -97,4 +110,5 @@ __all__ = [
     "StateLostError",
     "StorageAccessError",
     "exit_code",
+    "report",
 ]

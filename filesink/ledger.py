@@ -132,6 +132,8 @@ class Ledger:
             with translated(self.db_path, "prepare the sink's tables"):
                 apply_migrations(self.db, migrations, where=f"sink state of {store.location.canonical}")
 
+    # -- configuration -------------------------------------------------------------------------------
+
     @db_errors("read the sink's configuration")
     def config(self) -> dict[str, object] | None:
         """The sink's recorded configuration (output, key_columns, partition_by), or None before the first start."""
@@ -141,8 +143,6 @@ class Ledger:
         if row is None:
             return None
         return {"output": row[0], "key_columns": json.loads(row[1]), "partition_by": json.loads(row[2])}
-
-    # -- configuration -------------------------------------------------------------------------------
 
     @db_errors("check the sink's configuration")
     def check_config(self, output: str, key_columns: list[str] | None, partition_by: list[str]) -> None:

@@ -170,13 +170,11 @@ class LogStore:
 
     def _open(self, vnodes: int | None) -> None:
         db, location = self.db, self.location
-        if self.readonly:
-            row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
-            if row is None:
-                raise NoLogStoreError(f"the state database {self.db_path} holds no log store")
-        else:
+        if not self.readonly:
             apply_migrations(db, migrations, where=self._where)
-            row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
+        row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
+        if row is None and self.readonly:
+            raise NoLogStoreError(f"the state database {self.db_path} holds no log store")
         if row is None:
             row = (uuid.uuid4().hex, vnodes or DEFAULT_VNODES, location.canonical)
             with db.atomic():

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filesink.errors import EXIT_OK, FileSinkError, exit_code
+from filesink.errors import COMMAND_ERRORS, EXIT_OK, report
 from filesink.ledger import Ledger, PlannedFile
 from filesink.lock import StateLock, lock_holder
 from filesink.output import OutputLocation
 from filesink.planner import file_task, writer_ranges
 from filesink.writer import FileTask
-from logstore import LogStore, LogStoreError, NoLogStoreError
+from logstore import LogStore, NoLogStoreError
 
 from .errors import NotASinkError
 from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
@@ -373,9 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return recover(args, parser)
-    except (FileSinkError, LogStoreError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_code(e)
+    except COMMAND_ERRORS as e:
+        return report(e)
 
 
 if __name__ == "__main__":
