@@ -1,6 +1,6 @@
 """Exceptions raised by the file sink. Messages name the file, epoch or vnode involved and what to do.
 
-:class:`StateDatabaseError` belongs to the state database's owner, :mod:`logstore`, and is the same class here.
+:class:`StateDatabaseError` and :class:`FencedError` belong to :mod:`logstore` and are the same classes here.
 Each error has the exit code the ``filesink`` command ends with when it stops on it (:func:`exit_code`).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from logstore.errors import LogStoreError, StateDatabaseError
+from logstore.errors import FencedError, LogStoreError, StateDatabaseError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_NOT_A_SINK, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 """Exit codes of every ``filesink`` command: done, failed, bad usage, a live query holds the sink, not a sink's
@@ -69,10 +69,6 @@ class CommitConflictError(FileSinkError):
 
 class FileWriteError(FileSinkError):
     """A Parquet file could not be written or made visible."""
-
-
-class FencedError(FileSinkError):
-    """A writer of an older writer term tried to publish a file or change state after the sink restarted."""
 
 
 class InputError(FileSinkError):

@@ -31,10 +31,15 @@ import pyarrow as pa
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from logstore import LogStore
+from logstore import LogStore, LogStoreClaimedError
+from logstore.failpoints import failpoint
+from logstore.home import FILES, SINK_RECORD, file_path
 from logstore.statedb import apply_migrations, db_errors, translated
 
 from .errors import CommitConflictError, FencedError, SinkOptionError
+
+IDENTITY = ("output", "key_columns", "partition_by")
+"""What makes a sink the sink it is, besides its id and its log store: kept for life."""
 
 migrations = Migrations("filesink")
 
@@ -146,28 +151,76 @@ class Ledger:
 
     @db_errors("check the sink's configuration")
     def check_config(self, output: str, key_columns: list[str] | None, partition_by: list[str]) -> None:
-        """Record the sink's identity at creation; later, refuse a different output, keys or partitioning."""
+        """Record the sink's identity at creation (in the database and the durable home); later, refuse a
+        different output, keys or partitioning. A new database takes the identity the home recorded (rebuild),
+        and refuses, before anything is written, a home that belongs to a sink with another identity."""
+        given = {"output": output, "key_columns": key_columns, "partition_by": partition_by}
         row = self.db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
-        keys = json.dumps(key_columns)
-        parts = json.dumps(partition_by)
         if row is None:
+            home = self.store.home.read(SINK_RECORD)
+            if home is not None and home.get("sink_id") == self.store.sink_id:
+                different = [k for k in IDENTITY if home.get(k) != given[k]]
+                if different:
+                    shown = "; ".join(f"{k} {home.get(k)!r} there, {given[k]!r} here" for k in different)
+                    raise LogStoreClaimedError(
+                        f"the log store at {self.store.location.canonical} is the durable home of sink "
+                        f"{self.store.sink_id}, which writes to {home.get('output')}, not of this sink (state "
+                        f"directory {self.db_path.rsplit('/', 1)[0]}): {shown}. Nothing was written or deleted. Give "
+                        "this sink a log store location of its own (e.g. a subdirectory per sink), or open the sink "
+                        "that owns it with its own options."
+                    )
             with self.db.atomic():
                 self.db.execute(
-                    "INSERT INTO sink_config (id, output, key_columns, partition_by, created_at) "
-                    "VALUES (1, ?, ?, ?, datetime('now'))",
-                    (output, keys, parts),
+                    "INSERT INTO sink_config (id, output, key_columns, partition_by, spark_schema, query_id, "
+                    "created_at) VALUES (1, ?, ?, ?, ?, ?, datetime('now'))",
+                    (
+                        output,
+                        json.dumps(key_columns),
+                        json.dumps(partition_by),
+                        (home or {}).get("spark_schema"),
+                        (home or {}).get("query_id"),
+                    ),
                 )
+            if home is None:
+                self._write_home_record()
             return
-        for what, recorded, given in (
+        for what, recorded, value in (
             ("output path", row[0], output),
-            ("key_columns", row[1], keys),
-            ("partition_by", row[2], parts),
+            ("key_columns", row[1], json.dumps(key_columns)),
+            ("partition_by", row[2], json.dumps(partition_by)),
         ):
-            if recorded != given:
+            if recorded != value:
                 raise SinkOptionError(
-                    f"the state directory belongs to a sink created with {what} {recorded}, not {given}. "
+                    f"the state directory belongs to a sink created with {what} {recorded}, not {value}. "
                     "A sink keeps these for life: use the original value, or a new state directory and output."
                 )
+
+    @db_errors("take the sink's configuration from the durable home")
+    def config_from_home(self) -> None:
+        """A new database: take the sink's configuration from the durable home, as the sink recorded it."""
+        home = self.store.home.read(SINK_RECORD)
+        if home is None or self.config() is not None:
+            return
+        self.check_config(str(home["output"]), home.get("key_columns"), list(home.get("partition_by") or []))
+
+    def _write_home_record(self) -> None:
+        """The sink's configuration, durable in the home (rebuild takes it from there)."""
+        if self.store.readonly:
+            return
+        row = self.db.execute(
+            "SELECT output, key_columns, partition_by, spark_schema, query_id FROM sink_config"
+        ).fetchone()
+        self.store.home.write(
+            SINK_RECORD,
+            {
+                "sink_id": self.store.sink_id,
+                "output": row[0],
+                "key_columns": json.loads(row[1]),
+                "partition_by": json.loads(row[2]),
+                "spark_schema": row[3],
+                "query_id": row[4],
+            },
+        )
 
     @db_errors("read the recorded schema")
     def spark_schema(self) -> str | None:
@@ -199,6 +252,7 @@ class Ledger:
                 "UPDATE sink_config SET spark_schema = ?, arrow_schema = COALESCE(arrow_schema, ?)",
                 (spark_schema, arrow_schema),
             )
+        self._write_home_record()
 
     # -- writer terms ---------------------------------------------------------------------------------
 
@@ -214,6 +268,7 @@ class Ledger:
         """Record the query whose batches the sink takes (once: an id recorded already is never replaced)."""
         with self.db.atomic():
             self.db.execute("UPDATE sink_config SET query_id = COALESCE(query_id, ?)", (query_id,))
+        self._write_home_record()
 
     @db_errors("read the writer term")
     def term(self) -> int:
@@ -222,15 +277,17 @@ class Ledger:
 
     @db_errors("take a new writer term")
     def new_term(self) -> int:
-        """Take the next writer term (compare-and-swap); from now on, older terms are fenced."""
+        """Take the next writer term: created in the durable home (a conditional create, above every term
+        recorded there and here), then recorded here (compare-and-swap). From now on, older terms are fenced
+        (once the caller publishes it)."""
+        current = self.term()
+        term = self.store.home.take_term(current)
         with self.db.atomic():
-            current = self.term()
-            cursor = self.db.execute(
-                "UPDATE sink_config SET writer_term = ? WHERE writer_term = ?", (current + 1, current)
-            )
+            cursor = self.db.execute("UPDATE sink_config SET writer_term = ? WHERE writer_term = ?", (term, current))
             if cursor.rowcount != 1:
                 raise FencedError(f"writer term {current} changed while taking the next one; another run started")
-        return current + 1
+        self.store.term = term
+        return term
 
     def _check_term(self, term: int, action: str) -> None:
         current = self.term()
@@ -239,6 +296,10 @@ class Ledger:
                 f"cannot {action}: this run holds writer term {term}, but the sink has since restarted (term "
                 f"{current}). Another run owns the sink now; this one must stop."
             )
+
+    def _check_home_term(self, term: int, action: str) -> None:
+        if not self.store.readonly:
+            self.store.home.check_term(term, action)
 
     @db_errors("read the size ratio")
     def bytes_per_log_byte(self) -> float | None:
@@ -252,29 +313,39 @@ class Ledger:
     def precommit(self, files: Iterable[PlannedFile], term: int) -> None:
         """Record every planned file as pending, in one transaction, before any byte of them is written."""
         files = list(files)
+        action = f"pre-commit {len(files)} files"
+        self._check_term(term, action)
+        self._check_home_term(term, action)
+        for f in files:  # durable in the home before the database, and so before any byte of the files
+            self.store.home.write(file_path(f.name), _file_record(f, term))
+        failpoint("filesink.precommit.home_written")
+        self._check_home_term(term, action)
         with self.db.atomic():
-            self._check_term(term, f"pre-commit {len(files)} files")
+            self._check_term(term, action)
             for f in files:
-                self.db.execute(
-                    "INSERT INTO sink_files (name, state, vnode_lo, vnode_hi, end_epoch, rows, log_bytes, reason, "
-                    "created_at, term) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        f.name,
-                        FileState.PENDING.value,
-                        f.vnode_lo,
-                        f.vnode_hi,
-                        f.end_epoch,
-                        f.rows,
-                        f.log_bytes,
-                        f.reason,
-                        time.time(),
-                        term,
-                    ),
-                )
-                self.db.conn.executemany(
-                    "INSERT INTO sink_file_vnodes (name, vnode, start_epoch, end_epoch) VALUES (?, ?, ?, ?)",
-                    [(f.name, v, s, f.end_epoch) for v, s in sorted(f.starts.items())],
-                )
+                self._insert_pending(f, term)
+
+    def _insert_pending(self, f: PlannedFile, term: int) -> None:
+        self.db.execute(
+            "INSERT INTO sink_files (name, state, vnode_lo, vnode_hi, end_epoch, rows, log_bytes, reason, "
+            "created_at, term) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                f.name,
+                FileState.PENDING.value,
+                f.vnode_lo,
+                f.vnode_hi,
+                f.end_epoch,
+                f.rows,
+                f.log_bytes,
+                f.reason,
+                time.time(),
+                term,
+            ),
+        )
+        self.db.conn.executemany(
+            "INSERT INTO sink_file_vnodes (name, vnode, start_epoch, end_epoch) VALUES (?, ?, ?, ?)",
+            [(f.name, v, s, f.end_epoch) for v, s in sorted(f.starts.items())],
+        )
 
     @db_errors("read the pending files")
     def pending(self) -> list[PlannedFile]:
@@ -308,8 +379,11 @@ class Ledger:
         that truncate points, and with them the log's metadata, keep up where there is no data.
         """
         files = list(files)
+        action = f"commit {', '.join(f.name for f in files) or 'idle vnodes'}"
+        if files:
+            self._check_home_term(term, action)
         with self.db.atomic():
-            self._check_term(term, f"commit {', '.join(f.name for f in files) or 'idle vnodes'}")
+            self._check_term(term, action)
             points: dict[int, int] = {}
             for f in files:
                 self._resolve(f, FileState.COMMITTED)
@@ -329,12 +403,70 @@ class Ledger:
                     "UPDATE sink_config SET files_written = files_written + ?, bytes_per_log_byte = ?",
                     (len(files), ratio),
                 )
+        if files:  # the truncation durable in the home before the records that let recovery re-derive it go
+            self.store.publish_truncation()
+            self._forget(files)
+
+    def _forget(self, files: Iterable[PlannedFile]) -> None:
+        if not self.store.readonly:
+            for f in files:
+                self.store.home.delete(file_path(f.name))
 
     @db_errors("drop a file")
     def drop(self, f: PlannedFile, term: int) -> None:
+        self._check_home_term(term, f"drop {f.name}")
         with self.db.atomic():
             self._check_term(term, f"drop {f.name}")
             self._resolve(f, FileState.DROPPED)
+        self._forget([f])
+
+    @db_errors("take the pending files from the durable home")
+    def sync_pending(self) -> list[str]:
+        """Make the pending files those the durable home records (a pre-commit it holds and the database lacks:
+        a crash between the two, or a rebuilt database; one the database holds and the home does not: resolved
+        by a later run elsewhere). Returns the names taken from the home."""
+        recorded = {}
+        for relpath in self.store.home.names(FILES):
+            record = self.store.home.read(relpath)
+            if record is not None and relpath.endswith(".json"):
+                recorded[str(record["name"])] = record
+        have = set(self.pending_names())
+        added = [recorded[n] for n in sorted(set(recorded) - have)]
+        with self.db.atomic():
+            for name in sorted(have - set(recorded)):
+                self.db.execute("DELETE FROM sink_files WHERE name = ?", (name,))
+            for r in added:
+                self._insert_pending(_planned(r), int(r.get("term", 0)))
+        return [str(r["name"]) for r in added]
+
+
+def _file_record(f: PlannedFile, term: int) -> dict[str, object]:
+    """A pre-commit record for the durable home."""
+    return {
+        "name": f.name,
+        "vnode_lo": f.vnode_lo,
+        "vnode_hi": f.vnode_hi,
+        "starts": [[v, s] for v, s in sorted(f.starts.items())],
+        "end_epoch": f.end_epoch,
+        "rows": f.rows,
+        "log_bytes": f.log_bytes,
+        "reason": f.reason,
+        "term": term,
+    }
+
+
+def _planned(record: dict[str, object]) -> PlannedFile:
+    starts = {int(v): int(e) for v, e in record["starts"]}  # type: ignore[attr-defined]
+    return PlannedFile(
+        str(record["name"]),
+        int(record["vnode_lo"]),  # type: ignore[call-overload]
+        int(record["vnode_hi"]),  # type: ignore[call-overload]
+        starts,
+        int(record["end_epoch"]),  # type: ignore[call-overload]
+        int(record["rows"]),  # type: ignore[call-overload]
+        int(record["log_bytes"]),  # type: ignore[call-overload]
+        str(record["reason"]),
+    )
 
 
 def nullable_schema(schema_bytes: bytes) -> bytes:

@@ -144,12 +144,12 @@ class ExactlyOnceParquetSink:
             self._ledger.check_config(self.path, self.key_columns, self.partition_by)
             self._output = OutputLocation.of_sink(self.path, options, state)
             self._spark: Any = None
-            self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)
             self._epochs_since_sweep = 0
             self._term = 0
             self.recovered: RecoveryPlan | None = None
             """What start-up recovery carried out."""
             self._recover()
+            self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)
             self._backlog = BacklogTracker(self._store)
         except BaseException:
             store = getattr(self, "_store", None)
@@ -335,12 +335,13 @@ class ExactlyOnceParquetSink:
         keys = self.key_columns or [f.name for f in df.schema.fields]
         vnode = F.pmod(F.hash(*[F.col(c) for c in keys]), F.lit(self._store.vnodes)).cast("int")
         target = self._store.target
+        term_prefix = self._store.writer_id("")
 
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
 
             ctx = TaskContext.get()
-            writer = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver"
+            writer = term_prefix + (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver")
             descriptor = append_segment(target, epoch, batches, writer_id=writer)
             if descriptor is not None:
                 yield pa.record_batch([pa.array([pickle.dumps(descriptor)], pa.binary())], names=["descriptor"])
@@ -458,6 +459,19 @@ class ExactlyOnceParquetSink:
         assert done.term is not None
         self._term = done.term
         self.recovered = done
+        if self._store.rebuilt:
+            held = self._store.held_totals()
+            log.warning(
+                "sink %s: the state directory %s was new, so its state was rebuilt from the durable home at %s: "
+                "last sealed epoch %d, %d epochs held (%d rows), %d pending files resolved",
+                self._store.sink_id,
+                self.state_dir,
+                self._store.location.canonical,
+                self._store.last_sealed_epoch,
+                held.epochs,
+                held.rows,
+                len(done.from_home),
+            )
         prepare_staging(self._output, self._term)
 
     # -- idle rollover ---------------------------------------------------------------------------------

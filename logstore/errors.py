@@ -68,3 +68,12 @@ class NoLogStoreError(LogStoreError):
 
 class LogStoreClaimedError(StateMismatchError):
     """The log store's location belongs to another sink (its claim, ``sink.json``, names another sink id)."""
+
+
+class FencedError(LogStoreError):
+    """A run of the sink holds a writer term that is no longer the published one: a newer run (maybe on another
+    machine) started, and this run must not seal, pre-commit, commit or delete anything."""
+
+
+class HomeRecordError(LogStoreError):
+    """A record of the sink's durable home (``home/`` in the log store's location) cannot be read."""

@@ -122,6 +122,10 @@ class Storage(Protocol):
     def prune_dirs(self, prefix: str) -> None:
         """Remove empty directories below ``prefix`` (object stores have none)."""
 
+    def put(self, relpath: str, data: bytes) -> None:
+        """Write a small record (the durable home's, writers' records) whole, durably and atomically, replacing
+        the file if it exists. Unlike :meth:`write`, it passes no failpoint of the segment writes."""
+
     def create(self, relpath: str, data: bytes) -> bool:
         """Write ``data`` as a new file, durably, unless the file exists; False if it existed (nothing written).
 
@@ -281,16 +285,30 @@ class LocalStorage:
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
         return write_durable(self.root / relpath, parts)
 
-    def create(self, relpath: str, data: bytes) -> bool:
-        final = self.root / relpath
-        if final.exists():
-            return False
+    def _temp_record(self, final: Path, data: bytes) -> Path:
         ensure_dir(final.parent)
         temp = final.with_name(f".{final.name}{TEMP_MARK}{uuid.uuid4().hex[:8]}")
         with open(temp, "xb") as f:  # a small record, not a segment: no failpoints of the segment writes
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        return temp
+
+    def put(self, relpath: str, data: bytes) -> None:
+        final = self.root / relpath
+        temp = self._temp_record(final, data)
+        try:
+            os.replace(temp, final)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        fsync_dir(final.parent)
+
+    def create(self, relpath: str, data: bytes) -> bool:
+        final = self.root / relpath
+        if final.exists():
+            return False
+        temp = self._temp_record(final, data)
         try:
             os.link(temp, final)  # fails if the name exists: an atomic create
         except FileExistsError:
@@ -377,6 +395,9 @@ class FsspecStorage:
         with self._naming("write", relpath):
             self.fs.pipe_file(self._full(relpath), data, **kwargs)
         return len(data)
+
+    def put(self, relpath: str, data: bytes) -> None:
+        self.write(relpath, [data])
 
     def create(self, relpath: str, data: bytes) -> bool:
         if self._is_s3:

@@ -8,7 +8,10 @@ larger transaction of the caller's (``db.atomic()`` nests as a savepoint).
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+import re
 import sqlite3
 import time
 import uuid
@@ -35,8 +38,9 @@ from .errors import (
     TruncateOrderError,
 )
 from .failpoints import failpoint
+from .home import CLAIM_FILE, DurableHome, HomeView
 from .reader import LogBatch, ReadItem, read_plan
-from .segment import Block, SegmentDescriptor, describe_vnodes
+from .segment import Block, SegmentDescriptor, VnodeRun, describe_vnodes
 from .statedb import (
     STATE_DB_NAME,
     apply_migrations,
@@ -52,8 +56,10 @@ from .storage import LogLocation, is_local
 DEFAULT_VNODES = 256
 NOTHING = -1
 """The epoch value meaning "none yet" for last sealed epochs and truncate points."""
-CLAIM_FILE = "sink.json"
-"""At the log store's root: the id of the sink that owns the location. Two sinks never share a log store."""
+log = logging.getLogger(__name__)
+
+_WRITER_TERM = re.compile(r"^t(\d+)-")
+"""Segment names of a sink's appends start with ``t<writer term>-`` (see :meth:`LogStore.writer_id`)."""
 
 
 @dataclass(frozen=True)
@@ -175,8 +181,28 @@ class LogStore:
         row = db.execute("SELECT sink_id, vnodes, location FROM log_store").fetchone()
         if row is None and self.readonly:
             raise NoLogStoreError(f"the state database {self.db_path} holds no log store")
+        self.storage = location.open()
+        self.home = DurableHome(self.storage)
+        self.term: int | None = None
+        """The writer term this handle seals, commits and deletes under (None: unfenced, tools and tests)."""
+        self.rebuilt = False
+        """Whether the state database was new and took the sink's identity from the durable home."""
+        self._published_points: dict[int, int] | None = None
         if row is None:
-            row = (uuid.uuid4().hex, vnodes or DEFAULT_VNODES, location.canonical)
+            claim = self._read_claim()
+            if claim is not None and not isinstance(claim.get("vnodes"), int):
+                claim = None
+            if claim is not None:
+                self.rebuilt = True
+                row = (str(claim["sink_id"]), int(claim["vnodes"]), location.canonical)
+                log.warning(
+                    "%s holds sink %s but the state database %s is new: rebuilding it from the durable home",
+                    self._where,
+                    row[0],
+                    self.db_path,
+                )
+            else:
+                row = (uuid.uuid4().hex, vnodes or DEFAULT_VNODES, location.canonical)
             with db.atomic():
                 db.execute(
                     "INSERT INTO log_store (id, sink_id, vnodes, location, created_at) "
@@ -198,10 +224,12 @@ class LogStore:
             )
         self.sink_id: str = sink_id
         self.vnodes: int = recorded_vnodes
-        self.storage = location.open()
         self.target = AppendTarget(location, self.vnodes, self.sink_id)
         if not self.readonly:
             self.check_claim()
+
+    def _read_claim(self) -> dict[str, Any] | None:
+        return self._claim_at(self.location)
 
     def check_claim(self) -> None:
         """Claim the log store's location for this sink (``sink.json`` at its root, created if missing, with a
@@ -234,16 +262,49 @@ class LogStore:
         *,
         vnodes: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        require_home: bool = False,
     ) -> LogStore:
-        """Open the log store of ``state_dir`` (created on first use); segments default to ``state_dir/log``."""
+        """Open the log store of ``state_dir`` (created on first use); segments default to ``state_dir/log``.
+
+        A new state database takes the identity of the sink whose durable home is at the location, if there is
+        one (see :meth:`sync_from_home`); with ``require_home``, there must be one."""
         path = Path(state_dir) / STATE_DB_NAME
+        url = location or str(Path(state_dir) / "log")
+        if require_home and cls._claim_at(LogLocation(url, dict(storage_options or {}))) is None:
+            raise NoLogStoreError(f"{url} holds no sink's durable home (no {CLAIM_FILE})")
         with translated(str(path.absolute()), "open the state database"):
             db = connect(path)
         try:
-            return cls(db, location or str(Path(state_dir) / "log"), vnodes=vnodes, storage_options=storage_options)
+            return cls(db, url, vnodes=vnodes, storage_options=storage_options)
         except BaseException:
             db.close()
             raise
+
+    @classmethod
+    def from_home(cls, location: str, *, storage_options: Mapping[str, Any] | None = None) -> LogStore:
+        """The sink whose durable home is at ``location``, in a state database in memory (nothing is written
+        to the home by opening it; :meth:`sync_from_home` with ``adopt=False`` fills the database)."""
+        log_location = LogLocation(location, dict(storage_options or {}) if not is_local(location) else {})
+        if cls._claim_at(log_location) is None:
+            raise NoLogStoreError(f"{log_location.canonical} holds no sink's durable home (no {CLAIM_FILE})")
+        db = sqlite_utils.Database(memory=True)
+        try:
+            return cls(db, log_location)
+        except BaseException:
+            db.close()
+            raise
+
+    @staticmethod
+    def _claim_at(location: LogLocation) -> dict[str, Any] | None:
+        try:
+            data = location.open().read_all(CLAIM_FILE)
+        except FileNotFoundError:
+            return None
+        try:
+            value = json.loads(data)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) and "sink_id" in value else None
 
     @classmethod
     def open_existing(
@@ -402,29 +463,38 @@ class LogStore:
         descs = [d for d in descriptors if d is not None]
         self._check_unsealed(epoch, "seal")
         self._check_descriptors(epoch, descs)
+        sealed_at = time.time()
+        # Durable in the home first (fenced on both sides): a rebuild finds every epoch the database sealed.
+        self.check_term(f"seal epoch {epoch}")
+        self.home.write_epoch(epoch, self.term or 0, _epoch_record(descs, sealed_at))
+        failpoint("logstore.seal.home_written")
+        self.check_term(f"seal epoch {epoch}")
         with self.db.atomic():
             self._check_unsealed(epoch, "seal")  # again, under the write transaction
-            self.db.execute(
-                "INSERT INTO log_epochs (epoch, segments, rows, bytes, sealed_at) VALUES (?, ?, ?, ?, ?)",
-                (epoch, len(descs), sum(d.rows for d in descs), sum(d.size for d in descs), time.time()),
-            )
-            for d in descs:
-                cursor = self.db.execute(
-                    "INSERT INTO log_segments (epoch, name, size, schema_block, schema_bytes) VALUES (?, ?, ?, ?, ?)",
-                    (epoch, d.name, d.size, json.dumps(d.schema.to_json()), d.schema_bytes),
-                )
-                segment_id = cursor.lastrowid
-                self.db.conn.executemany(
-                    "INSERT INTO log_segment_vnodes (vnode, epoch, segment_id, rows, bytes, blocks) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (r.vnode, epoch, segment_id, r.rows, r.bytes, json.dumps([b.to_json() for b in r.blocks]))
-                        for r in d.runs
-                    ],
-                )
-            self.db.execute("UPDATE log_store SET last_sealed_epoch = ?", (epoch,))
+            self._insert_epoch(epoch, descs, sealed_at)
             failpoint("logstore.seal.before_commit")
         failpoint("logstore.seal.after_commit")
+
+    def _insert_epoch(self, epoch: int, descs: list[SegmentDescriptor], sealed_at: float) -> None:
+        self.db.execute(
+            "INSERT INTO log_epochs (epoch, segments, rows, bytes, sealed_at) VALUES (?, ?, ?, ?, ?)",
+            (epoch, len(descs), sum(d.rows for d in descs), sum(d.size for d in descs), sealed_at),
+        )
+        for d in descs:
+            cursor = self.db.execute(
+                "INSERT INTO log_segments (epoch, name, size, schema_block, schema_bytes) VALUES (?, ?, ?, ?, ?)",
+                (epoch, d.name, d.size, json.dumps(d.schema.to_json()), d.schema_bytes),
+            )
+            segment_id = cursor.lastrowid
+            self.db.conn.executemany(
+                "INSERT INTO log_segment_vnodes (vnode, epoch, segment_id, rows, bytes, blocks) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (r.vnode, epoch, segment_id, r.rows, r.bytes, json.dumps([b.to_json() for b in r.blocks]))
+                    for r in d.runs
+                ],
+            )
+        self.db.execute("UPDATE log_store SET last_sealed_epoch = MAX(last_sealed_epoch, ?)", (epoch,))
 
     def _check_descriptors(self, epoch: int, descs: list[SegmentDescriptor]) -> None:
         names = [d.name for d in descs]
@@ -457,6 +527,76 @@ class LogStore:
                 raise SegmentCorruptError(
                     f"cannot seal epoch {epoch}: segment {where} has {size} bytes, its writer recorded {d.size}"
                 )
+
+    # -- the durable home: terms, rebuild, truncation -------------------------------------------------
+
+    def writer_id(self, writer: str) -> str:
+        """The writer id an append of this handle's term uses (the term leads, so a sweep of an older term
+        never deletes a newer term's segments)."""
+        return f"t{self.term}-{writer}" if self.term is not None else writer
+
+    def check_term(self, action: str) -> None:
+        """Raise :class:`FencedError` if a newer run has published its writer term (a no-op without a term)."""
+        if self.term is not None:
+            self.home.check_term(self.term, action)
+
+    @db_errors("bring the state database up to date with the durable home")
+    def sync_from_home(self, *, adopt: bool = True) -> HomeView:
+        """Make the database hold what the durable home holds: the epochs sealed there that it lacks (a crash
+        between the two, or a new database: the rebuild), and the durable truncate points where they are ahead.
+
+        With ``adopt`` (a run that took a new term), record the last sealed epoch as the term's base and delete
+        epoch records that do not count. Returns what the home held."""
+        view = self.home.view()
+        last = self.last_sealed_epoch
+        imported = [r for r in sorted(view.epochs, key=lambda r: int(r["epoch"])) if int(r["epoch"]) > last]
+        points = self.truncate_points()
+        with self.db.atomic():
+            for record in imported:
+                epoch = int(record["epoch"])
+                self._insert_epoch(epoch, _descriptors(record), float(record.get("sealed_at", time.time())))
+            if view.base is not None:
+                self.db.execute("UPDATE log_store SET last_sealed_epoch = MAX(last_sealed_epoch, ?)", (view.base,))
+            last = self.last_sealed_epoch
+            ahead = {v: min(e, last) for v, e in view.truncation.items() if v in points and min(e, last) > points[v]}
+            self.db.conn.executemany(
+                "UPDATE log_vnodes SET truncated_epoch = ? WHERE vnode = ?", [(e, v) for v, e in ahead.items()]
+            )
+        if imported:
+            log.warning(
+                "%s: took %d sealed epochs (%d to %d) from the durable home into %s",
+                self._where,
+                len(imported),
+                int(imported[0]["epoch"]),
+                int(imported[-1]["epoch"]),
+                self.db_path,
+            )
+        if adopt and self.term is not None:
+            self.home.record_base(self.term, last)
+            self.home.delete_epochs(view.stale_epochs)
+            self.home.prune_terms(keep_from=self.term)
+            self.home.compact_truncation(self.term, self.truncate_points())
+            self._published_points = self.truncate_points()
+        return view
+
+    def publish_truncation(self) -> None:
+        """Make the database's truncate points durable in the home (term-checked), if they moved since."""
+        if self.readonly:
+            return
+        points = self.truncate_points()
+        if points == self._published_points:
+            return
+        self.check_term("record truncate points")
+        self.home.write_truncation(self.term or 0, points)
+        self._published_points = points
+
+    def _prune_home(self) -> None:
+        """Delete epoch records every vnode has truncated past (durably), except the last sealed epoch's."""
+        points = self._published_points
+        if not points:
+            return
+        floor, last = min(points.values()), self.last_sealed_epoch
+        self.home.delete_epochs(e for e in self.home.epoch_numbers() if e <= floor and e < last)
 
     # -- read ----------------------------------------------------------------------------------------
 
@@ -611,6 +751,9 @@ class LogStore:
           epoch being appended right now.
         """
         report = GarbageReport()
+        if sweep:
+            self.publish_truncation()
+        self.check_term("delete released segments")
         with self.db.atomic():
             released = self.db.execute(
                 """
@@ -636,7 +779,9 @@ class LogStore:
             report.bytes_freed += size
         if sweep:
             self.check_claim()
+            self.check_term("sweep the log store")
             self._sweep(report, unsealed=unsealed)
+            self._prune_home()
         return report
 
     @db_errors("look for garbage")
@@ -666,6 +811,9 @@ class LogStore:
             epoch, is_temp = parsed
             if epoch > last and not unsealed:
                 continue  # may belong to an append in progress
+            found = _WRITER_TERM.match(relpath.rsplit("/", 1)[-1].lstrip("."))
+            if found and self.term is not None and int(found.group(1)) > self.term:
+                continue  # a newer run's (this run is fenced and finds out at its next step)
             if not delete or self.storage.delete(relpath):
                 report.bytes_freed += size
                 if is_temp:
@@ -674,3 +822,37 @@ class LogStore:
                     report.orphan_segments += 1
         if delete:
             self.storage.remove_empty_dirs(None if unsealed else last)
+
+
+def _epoch_record(descs: list[SegmentDescriptor], sealed_at: float) -> dict[str, Any]:
+    """An epoch's seal record for the durable home: everything :meth:`LogStore._insert_epoch` records."""
+    return {
+        "sealed_at": sealed_at,
+        "segments": [
+            {
+                "name": d.name,
+                "size": d.size,
+                "sink_id": d.sink_id,
+                "schema": d.schema.to_json(),
+                "schema_bytes": base64.b64encode(d.schema_bytes).decode(),
+                "runs": [[r.vnode, [b.to_json() for b in r.blocks]] for r in d.runs],
+            }
+            for d in descs
+        ],
+    }
+
+
+def _descriptors(record: Mapping[str, Any]) -> list[SegmentDescriptor]:
+    epoch = int(record["epoch"])
+    return [
+        SegmentDescriptor(
+            name=str(s["name"]),
+            epoch=epoch,
+            size=int(s["size"]),
+            schema=Block.from_json(s["schema"]),
+            schema_bytes=base64.b64decode(s["schema_bytes"]),
+            runs=tuple(VnodeRun(int(v), tuple(map(Block.from_json, blocks))) for v, blocks in s["runs"]),
+            sink_id=str(s.get("sink_id", "")),
+        )
+        for s in record.get("segments", [])
+    ]

@@ -2,7 +2,9 @@
 the output's owner only). The ``filesink`` command (:mod:`filesink.cli`) adds these steps as its ``recover``
 command; ``python -m recovery STEP`` runs them on their own. This module never imports :mod:`filesink.cli`.
 
-``status`` and ``plan`` open the state database read-only; ``apply`` takes the state directory's lock.
+``status`` and ``plan`` open the state database read-only; ``apply`` takes the state directory's lock. Without a
+state database (``--log-store URL``, the state directory lost), the state is rebuilt from the durable home: in
+memory for ``status`` and ``plan``, into the state directory (if one is given) for ``apply``.
 
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
 state directory.
@@ -24,7 +26,8 @@ from filesink.lock import StateLock, lock_holder
 from filesink.output import OutputLocation
 from filesink.planner import file_task, writer_ranges
 from filesink.writer import FileTask
-from logstore import LogStore, NoLogStoreError
+from logstore import LogLocation, LogStore, NoLogStoreError
+from logstore.statedb import STATE_DB_NAME
 
 from .errors import NotASinkError
 from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
@@ -55,19 +58,55 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"client_kwargs": client} if client else {}
 
 
-def open_sink(state_dir: Path, storage_options: dict[str, Any], *, readonly: bool = False) -> OpenSink:
-    """Open the sink whose state is in ``state_dir``; :class:`NotASinkError` if there is none."""
+def open_sink(
+    state_dir: Path | None,
+    storage_options: dict[str, Any],
+    *,
+    readonly: bool = False,
+    log_store: str | None = None,
+) -> OpenSink:
+    """Open the sink whose state is in ``state_dir``; :class:`NotASinkError` if there is none.
+
+    With ``log_store`` and no state database in ``state_dir`` (or no ``state_dir``), the sink's state is rebuilt
+    from the durable home at ``log_store``: into a new database in ``state_dir`` unless ``readonly``, else in
+    memory (nothing is written)."""
+    has_db = state_dir is not None and LogStore.recorded_location(state_dir) is not None
+    if not has_db and log_store is None:
+        raise NotASinkError(
+            f"{state_dir} is not a sink's state directory: it holds no {STATE_DB_NAME}. If the sink's state "
+            "directory was lost, give its log store location (--log-store URL): its durable home rebuilds it."
+        )
     try:
-        store = LogStore.open_existing(state_dir, storage_options=storage_options, readonly=readonly)
+        if has_db:
+            assert state_dir is not None
+            store = LogStore.open_existing(state_dir, storage_options=storage_options, readonly=readonly)
+            if log_store is not None and LogLocation(log_store).canonical != store.location.canonical:
+                store.close()
+                raise NotASinkError(
+                    f"{state_dir} belongs to the log store at {store.location.canonical}, not {log_store}: give "
+                    "the one it was created with, or leave --log-store out"
+                )
+        elif readonly or state_dir is None:
+            assert log_store is not None
+            store = LogStore.from_home(log_store, storage_options=storage_options)
+        else:
+            assert log_store is not None
+            store = LogStore.open(state_dir, log_store, storage_options=storage_options, require_home=True)
     except NoLogStoreError as e:
-        raise NotASinkError(f"{state_dir} is not a sink's state directory: {e}") from None
+        raise NotASinkError(f"{state_dir or log_store} is not a sink's state directory or log store: {e}") from None
     try:
         ledger = Ledger(store)
+        if store.rebuilt:
+            ledger.config_from_home()
+            if store.readonly or state_dir is None or not has_db:
+                store.sync_from_home(adopt=False)
+                ledger.sync_pending()
         config = ledger.config()
         if config is None:
             raise NotASinkError(f"{store.db_path} holds no sink: its sink tables are missing or empty")
-        output = OutputLocation.of_sink(str(config["output"]), storage_options, state_dir)
-        return OpenSink(state_dir, store, ledger, output, config)
+        place = state_dir if state_dir is not None else Path(store.location.canonical)
+        output = OutputLocation.of_sink(str(config["output"]), storage_options, place)
+        return OpenSink(place, store, ledger, output, config)
     except BaseException:
         store.close()
         raise
@@ -270,13 +309,25 @@ def _print_plan(p: dict[str, Any], done: bool) -> None:
         print("nothing to do")
 
 
+def _rebuilt_line(sink: OpenSink) -> str:
+    store = sink.store
+    held = store.held_totals()
+    return (
+        f"rebuilt the state of sink {store.sink_id} from its durable home at {store.location.canonical}: "
+        f"{held.epochs} epochs held ({held.rows:,} rows), last sealed epoch {store.last_sealed_epoch}, "
+        f"{len(sink.ledger.pending_names())} pending files"
+    )
+
+
 def _progress(done: int, total: int, r: Resolution) -> None:
     print(f"[{done}/{total}] {r.file.name}: {r.action.value}", file=sys.stderr, flush=True)
 
 
 def run_recover(args: argparse.Namespace) -> int:
-    state_dir = Path(args.state_dir).absolute()
-    sink = open_sink(state_dir, _storage_options(args), readonly=args.command != "apply")
+    state_dir = Path(args.state_dir).absolute() if args.state_dir else None
+    sink = open_sink(state_dir, _storage_options(args), readonly=args.command != "apply", log_store=args.log_store)
+    if sink.store.rebuilt and not args.json:
+        print(_rebuilt_line(sink), file=sys.stderr, flush=True)
     try:
         if args.command == "status":
             result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json)
@@ -287,7 +338,7 @@ def run_recover(args: argparse.Namespace) -> int:
             out = _plan_json(plan_recovery(sink.store, sink.ledger, sink.output, partitioned=partitioned))
             print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=False)
             return EXIT_OK
-        lock = StateLock(state_dir)
+        lock = StateLock(state_dir) if state_dir is not None else None
         try:
             done = apply_recovery(
                 sink.store,
@@ -298,7 +349,8 @@ def run_recover(args: argparse.Namespace) -> int:
                 progress=None if args.json else _progress,
             )
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
         out = _plan_json(done)
         print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=True)
         return EXIT_OK
@@ -331,8 +383,12 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
     }
     for name, text in helps.items():
         step = steps.add_parser(name, help=text, description=text)
+        step.add_argument("--state-dir", metavar="DIR", help="the sink's state directory (holds state.sqlite)")
         step.add_argument(
-            "--state-dir", required=True, metavar="DIR", help="the sink's state directory (holds state.sqlite)"
+            "--log-store",
+            metavar="URL",
+            help="the sink's log store location (its durable home): with no state directory, or a new one, the "
+            "sink's state is rebuilt from it (in memory for status and plan)",
         )
         step.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
         step.add_argument(
@@ -363,6 +419,8 @@ def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     and an exit code)."""
     if getattr(args, "parallelism", None) is not None and args.parallelism < 1:
         parser.error("--parallelism must be at least 1")
+    if not args.state_dir and not args.log_store:
+        parser.error("give --state-dir DIR, --log-store URL, or both")
     return run_recover(args)
 
 

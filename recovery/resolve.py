@@ -2,7 +2,10 @@
 
 :func:`apply_recovery`, in order (each step is safe to repeat if recovery itself dies part way):
 
-1. take a new writer term in the ledger and publish it to the log store (:mod:`filesink.output.fencing`);
+1. take a new writer term (in the durable home, then the ledger) and publish it to the log store
+   (:mod:`filesink.output.fencing`); then bring the state database up to date with the durable home
+   (:mod:`logstore.home`): epochs sealed and files pre-committed there that the database lacks (all of them
+   when the database is new: the rebuild), and the durable truncate points;
 2. fence older writers: rename their staging directories away (local), abort their recorded multipart
    uploads (S3); from here on no file's visibility can change behind recovery's back;
 3. for each pending file, check visibility (objects exist, sizes as their writer recorded) and act:
@@ -73,6 +76,10 @@ class RecoveryPlan:
     files: list[Resolution] = field(default_factory=list)
     output_garbage: OutputGarbage = field(default_factory=OutputGarbage)
     log_garbage: GarbageReport = field(default_factory=GarbageReport)
+    from_home: list[str] = field(default_factory=list)
+    """Pending files the durable home recorded and the state database did not (a rebuild, or a crash)."""
+    home_epochs: int = 0
+    """Sealed epochs the durable home holds."""
 
     @property
     def empty(self) -> bool:
@@ -139,6 +146,10 @@ def apply_recovery(
     publish_term(store.storage, term)
     failpoint("recovery.publish.after")
     done = RecoveryPlan(term=term)
+    home = store.sync_from_home()
+    done.from_home = ledger.sync_pending()
+    done.home_epochs = len(home.epochs)
+    failpoint("recovery.sync.after")
     done.fenced = fence_writers(output, store.storage, term)
     failpoint("recovery.fence.after")
     prepare_staging(output, term)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from logstore import LogLocation
+from logstore.home import DurableHome
 from logstore.storage import Storage, ensure_dir, fsync_dir
 
 from ..errors import FencedError
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 
 PREFIX = "writers"
 """Log store subdirectory of the writers' records (the log store's garbage collection leaves it alone)."""
-TERM_FILE = f"{PREFIX}/term"
 FENCED_PREFIX = "fenced-"
 """A fenced term's staging directory is renamed to ``fenced-<term dir>-<random>`` before it is deleted."""
 _TERM_DIR = re.compile(r"^term-(\d{10})$")
@@ -130,15 +130,12 @@ class Fence:
 
 
 def publish_term(storage: Storage, term: int) -> None:
-    """Make ``term`` the term writers check against (after the state database recorded it)."""
-    storage.write(TERM_FILE, [str(term).encode()])
+    """Make ``term`` the term writers (and drivers, :meth:`DurableHome.check_term`) check against."""
+    DurableHome(storage).publish_term(term)
 
 
 def published_term(storage: Storage) -> int | None:
-    try:
-        return int(storage.read_all(TERM_FILE).decode().strip())
-    except FileNotFoundError:
-        return None
+    return DurableHome(storage).published_term()
 
 
 def records(storage: Storage, *, below: int | None = None, term: int | None = None) -> Iterator[ObjectRecord]:

@@ -23,11 +23,12 @@ from helpers import SUPPORT, communicate, kill, process_state, support_env, wait
 from sink_helpers import _fs, append_epoch, batch_rows, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.output.fencing import PREFIX, TERM_FILE, term_dir
+from filesink.output.fencing import PREFIX, term_dir
 from filesink.output.multipart import list_uploads
 from filesink.planner import plan
 from filesink.writer import write_file
 from logstore.failpoints import ENV_VAR, FailpointError
+from logstore.home import TERM_FILE
 
 WRITER = SUPPORT / "zombie_writer.py"
 RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)

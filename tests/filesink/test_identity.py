@@ -17,7 +17,7 @@ from sink_helpers import COLUMNS, TYPES, append_epoch, batch_rows, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from logstore import LogStoreClaimedError
-from logstore.store import CLAIM_FILE
+from logstore.home import CLAIM_FILE
 
 HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
 """Files are written only by flush(): every sealed row is held in the log store until then."""
@@ -53,7 +53,10 @@ def test_a_log_store_claimed_by_another_sink_is_refused_and_nothing_is_deleted(t
     append_epoch(a, 1, batch_rows(1, 100))
     before = _files(a)
     assert CLAIM_FILE in before and len([n for n in before if n.endswith(".seg")]) == 2
-    with pytest.raises(LogStoreClaimedError, match=rf"belongs to sink {a.log_store.sink_id}.*not to this sink"):
+    with pytest.raises(
+        LogStoreClaimedError,
+        match=rf"durable home of sink {a.log_store.sink_id}, which writes to .*out-a.*not of this sink",
+    ):
         _sink(tmp_path, "state-b", output=f"{url}/out-b", log_store=shared, storage_options=options)
     assert _files(a) == before, "the refused sink deleted nothing (its start-up would have swept A's segments)"
     a.flush()

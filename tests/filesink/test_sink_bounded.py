@@ -14,7 +14,7 @@ import pyarrow as pa
 from sink_helpers import COLUMNS, batch_rows, parquet_files, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from logstore.store import CLAIM_FILE
+from logstore.home import is_home_record
 
 
 def test_state_and_log_stay_bounded_over_1000_epochs(tmp_path):
@@ -43,7 +43,7 @@ def test_state_and_log_stay_bounded_over_1000_epochs(tmp_path):
             count = store.db.execute(f"SELECT COUNT(*) FROM {table_name}").fetchone()[0]
             peak[table_name] = max(peak[table_name], count)
         peak["segment files"] = max(
-            peak["segment files"], len([n for n, _ in store.storage.list_files() if n != CLAIM_FILE])
+            peak["segment files"], len([n for n, _ in store.storage.list_files() if not is_home_record(n)])
         )
     sink.flush()
     sink.close()

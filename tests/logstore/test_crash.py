@@ -16,7 +16,7 @@ from helpers import SUPPORT, communicate, flatten, support_env, wait_for_line
 
 from logstore import LogStore
 from logstore.failpoints import ENV_VAR
-from logstore.store import CLAIM_FILE
+from logstore.home import is_home_record
 
 CHILD = SUPPORT / "crash_child.py"
 EPOCHS = 6
@@ -48,7 +48,7 @@ def _check(state_dir, url=None, options=None, *, collect=True, rows=ROWS):
         assert store.verify() == []
         if collect:
             store.collect_garbage(unsealed=True)
-            assert {n for n, _ in store.storage.list_files() if n != CLAIM_FILE} == set(store.segments())
+            assert {n for n, _ in store.storage.list_files() if not is_home_record(n)} == set(store.segments())
         return last
     finally:
         store.close()
@@ -75,7 +75,7 @@ def test_kill_at_each_step_of_append_and_seal(tmp_path, point):
     assert last == (2 if point == "logstore.seal.after_commit" else 1)
     if point in ("logstore.append.after_write", "logstore.seal.before_commit"):
         store = LogStore.open(tmp_path)
-        files = [n for n, _ in store.storage.list_files() if n != CLAIM_FILE]
+        files = [n for n, _ in store.storage.list_files() if not is_home_record(n)]
         assert len(files) > len(store.segments()), "the unsealed segment is on disk"
         store.close()
     _check(tmp_path)

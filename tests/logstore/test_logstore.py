@@ -25,7 +25,7 @@ from logstore import (
     append_segment,
     read_plan,
 )
-from logstore.store import CLAIM_FILE
+from logstore.home import is_home_record
 
 
 def test_read_returns_sealed_rows_in_vnode_epoch_segment_row_order(open_store):
@@ -233,7 +233,7 @@ def test_bad_rows_are_refused_before_anything_is_written(open_store, table, matc
     store = open_store(vnodes=4)
     with pytest.raises(InvalidSegmentInputError, match=match):
         append_segment(store.target, 0, table)
-    assert [n for n, _ in store.storage.list_files() if n != CLAIM_FILE] == []
+    assert [n for n, _ in store.storage.list_files() if not is_home_record(n)] == []
 
 
 def test_bad_writer_ids_and_epochs_are_refused(open_store):
@@ -277,7 +277,7 @@ def test_state_database_of_another_vnode_count_or_location_is_refused(open_store
 
 
 def _files(store):
-    return sorted(name for name, _ in store.storage.list_files() if name != CLAIM_FILE)
+    return sorted(name for name, _ in store.storage.list_files() if not is_home_record(name))
 
 
 def test_garbage_collection_deletes_only_what_no_vnode_needs(open_store):

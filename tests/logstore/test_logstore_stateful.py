@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 )
 
 from logstore import EpochOrderError, EpochSealedError, LogStore, TruncatedRangeError, append_segment
-from logstore.store import CLAIM_FILE
+from logstore.home import is_home_record
 
 VNODES = 6
 
@@ -131,7 +131,7 @@ class LogStoreMachine(RuleBasedStateMachine):
     @rule()
     def collect_garbage_at_startup(self):
         self.store.collect_garbage(unsealed=True)
-        files = {name for name, _ in self.store.storage.list_files() if name != CLAIM_FILE}
+        files = {name for name, _ in self.store.storage.list_files() if not is_home_record(name)}
         assert files == set(self.store.segments()), "only sealed segments survive a start-up collection"
 
     @invariant()
@@ -145,7 +145,7 @@ class LogStoreMachine(RuleBasedStateMachine):
     @invariant()
     def held_segments_are_needed_or_awaiting_collection(self):
         for name, _ in self.store.storage.list_files():
-            assert name.endswith(".seg") or name == CLAIM_FILE, f"no temp file may outlive an append: {name}"
+            assert name.endswith(".seg") or is_home_record(name), f"no temp file may outlive an append: {name}"
 
 
 def _settings(examples, steps):

@@ -25,12 +25,11 @@ from helpers import run
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.output.fencing import TERM_FILE
 from filesink.planner import plan
 from filesink.writer import write_file
 from logstore import VNODE_COLUMN
 from logstore.failpoints import ENV_VAR, FailpointError
-from logstore.store import CLAIM_FILE
+from logstore.home import CLAIM_FILE, TERM_FILE, is_home_record
 from recovery.cli import open_sink
 
 HOME_FILES = (TERM_FILE, CLAIM_FILE)
@@ -140,7 +139,9 @@ class Case:
                     (key.replace(self.sink_id[:8], "SINK"), size) for key, size in _sizes(self.path, self.options)
                 ),
                 "log_files": sorted(
-                    name.split("/")[0] for name, _ in store.storage.list_files() if name not in (TERM_FILE, CLAIM_FILE)
+                    name.split("/")[0]
+                    for name, _ in store.storage.list_files()
+                    if name != TERM_FILE and not is_home_record(name)
                 ),
             }
             if sink.output.is_local:

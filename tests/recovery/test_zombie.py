@@ -22,9 +22,10 @@ from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, r
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.output import is_file_name
-from filesink.output.fencing import PREFIX, TERM_FILE
+from filesink.output.fencing import PREFIX
 from filesink.planner import plan
 from filesink.writer import write_file
+from logstore.home import TERM_FILE
 
 WRITER = SUPPORT / "zombie_writer.py"
 RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)

@@ -1,0 +1,264 @@
+"""The durable home: what recovery needs, kept in the log store's location so that it outlives the driver.
+
+The state database (in ``state_dir``) is the working copy; everything it holds that recovery needs is first
+made durable here, so a sink started on another machine (or after its state directory was lost) rebuilds its
+database from the home and recovers as usual. Under ``home/`` in the log store's location:
+
+- ``terms/<T>.json``: one record per writer term, created with a conditional create when a run starts. Once
+  the run has read the home, it adds ``base``: the last sealed epoch it adopted;
+- ``epochs/<E>.json``: each sealed epoch's segment list, written before the database records the seal;
+- ``truncated/<T>.json``: per vnode, the truncate point, written by term ``T`` after its commits; the durable
+  truncate point of a vnode is the highest over these records (each is a fact: a file covering it is visible);
+- ``files/<name>.json``: each pre-committed file, written before any byte of the file, deleted once the
+  file is resolved and its truncation is durable (the file sink's ledger owns these);
+- ``sink.json``: the file sink's configuration (output, keys, partitioning, schema, query id).
+
+``writers/term`` holds the term writers and drivers check against (published after the term is taken).
+
+**Which epoch records count.** A driver from before a restart may still write a record after the newer run
+read the home (split brain). Let ``B`` be the newest term that recorded its base. A record of term ``B`` or
+newer counts; a record of an older term counts only if its epoch is at most ``B``'s base: anything an older
+term wrote above it came after the newer run read the home, and the newer run ignores it (and deletes it).
+Every change a driver makes here is preceded and followed by a check of the published term, so a fenced
+driver stops at its next step; conditional creates, where the store has them, close the race further.
+
+Records are pruned with truncation: the home holds open work and the last sealed epoch, not history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import FencedError, HomeRecordError
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+CLAIM_FILE = "sink.json"
+"""At the log store's root: the id of the sink that owns the location. Two sinks never share a log store."""
+HOME = "home"
+TERMS = f"{HOME}/terms"
+EPOCHS = f"{HOME}/epochs"
+TRUNCATED = f"{HOME}/truncated"
+FILES = f"{HOME}/files"
+SINK_RECORD = f"{HOME}/sink.json"
+TERM_FILE = "writers/term"
+"""The published writer term, read by file writers (which have no state database) and checked by drivers."""
+TAKE_TERM_ATTEMPTS = 20
+
+
+def is_home_record(relpath: str) -> bool:
+    """Whether a path of the log store's location is a record of the durable home (or the claim)."""
+    return relpath == CLAIM_FILE or relpath.startswith(HOME + "/")
+
+
+def _number(relpath: str, digits: int) -> int | None:
+    base = relpath.rsplit("/", 1)[-1]
+    stem = base.removesuffix(".json")
+    if base == stem or len(stem) != digits or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def term_path(term: int) -> str:
+    return f"{TERMS}/{term:010d}.json"
+
+
+def epoch_path(epoch: int) -> str:
+    return f"{EPOCHS}/{epoch:020d}.json"
+
+
+def truncated_path(term: int) -> str:
+    return f"{TRUNCATED}/{term:010d}.json"
+
+
+def file_path(name: str) -> str:
+    return f"{FILES}/{name}.json"
+
+
+@dataclass
+class HomeView:
+    """What counts in the home now: the newest term that read it and the last epoch that term adopted, the
+    epoch records that count (by epoch), those that do not, and the durable truncate points."""
+
+    term: int | None
+    base: int | None
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    stale_epochs: list[int] = field(default_factory=list)
+    truncation: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def last_epoch(self) -> int | None:
+        found = [int(r["epoch"]) for r in self.epochs]
+        if self.base is not None:
+            found.append(self.base)
+        return max(found) if found else None
+
+
+class DurableHome:
+    """Reads and writes the records under ``home/`` of one log store location (see the module docstring)."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    # -- plain records ---------------------------------------------------------------------------------
+
+    def read(self, relpath: str) -> Any:
+        """The JSON record at ``relpath``, or None if there is none."""
+        try:
+            data = self.storage.read_all(relpath)
+        except FileNotFoundError:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise HomeRecordError(
+                f"{self.storage.display(relpath)} is not a readable record of the sink's durable home ({e}); "
+                "records are written whole, so something else changed it. Restore it from a backup, or move it "
+                "away and run `filesink recover plan` to see what recovery would do without it."
+            ) from e
+
+    def write(self, relpath: str, record: Any) -> None:
+        self.storage.put(relpath, json.dumps(record, sort_keys=True).encode())
+
+    def create(self, relpath: str, record: Any) -> bool:
+        """Write ``record`` unless ``relpath`` exists (a conditional create where the store has one)."""
+        return self.storage.create(relpath, json.dumps(record, sort_keys=True).encode())
+
+    def delete(self, relpath: str) -> None:
+        self.storage.delete(relpath)
+
+    def names(self, prefix: str) -> list[str]:
+        return sorted(relpath for relpath, _ in self.storage.list_files(prefix))
+
+    def exists(self) -> bool:
+        """Whether the home holds any record of a sink."""
+        return any(True for _ in self.storage.list_files(HOME))
+
+    # -- terms -------------------------------------------------------------------------------------------
+
+    def published_term(self) -> int | None:
+        try:
+            return int(self.storage.read_all(TERM_FILE).decode().strip())
+        except FileNotFoundError:
+            return None
+
+    def publish_term(self, term: int) -> None:
+        self.storage.put(TERM_FILE, str(term).encode())
+
+    def check_term(self, term: int, action: str) -> None:
+        """Raise :class:`FencedError` unless ``term`` is still the published term."""
+        current = self.published_term()
+        if current is not None and current != term:
+            raise FencedError(
+                f"cannot {action}: this run holds writer term {term}, but the sink has since started again (term "
+                f"{current}, published in {self.storage.display(TERM_FILE)}), maybe on another machine. The newer "
+                "run owns the sink now; this one must stop. Nothing was changed."
+            )
+
+    def terms(self) -> dict[int, dict[str, Any]]:
+        """Every term record, by term."""
+        found: dict[int, dict[str, Any]] = {}
+        for relpath in self.names(TERMS):
+            term = _number(relpath, 10)
+            if term is not None:
+                found[term] = self.read(relpath) or {}
+        return found
+
+    def take_term(self, at_least: int) -> int:
+        """Create the record of a new term above every recorded one and above ``at_least``; return it."""
+        known = max([at_least, self.published_term() or 0, *self.terms()])
+        for term in range(known + 1, known + 1 + TAKE_TERM_ATTEMPTS):
+            record = {"term": term, "nonce": uuid.uuid4().hex, "started_at": time.time()}
+            if self.create(term_path(term), record):
+                return term
+        raise FencedError(
+            f"could not take a writer term above {known} in {self.storage.display(TERMS)}: {TAKE_TERM_ATTEMPTS} "
+            "other runs took the next ones first. Stop the other runs of this sink, then start it again."
+        )
+
+    def record_base(self, term: int, base: int) -> None:
+        """Record that term ``term`` adopted every epoch up to ``base`` (and none above it) from the home."""
+        record = self.read(term_path(term)) or {"term": term}
+        record["base"] = base
+        self.write(term_path(term), record)
+
+    def prune_terms(self, keep_from: int) -> None:
+        """Delete the records of terms below ``keep_from`` (they no longer decide which records count)."""
+        for relpath in self.names(TERMS):
+            term = _number(relpath, 10)
+            if term is not None and term < keep_from:
+                self.storage.delete(relpath)
+
+    # -- epochs --------------------------------------------------------------------------------------------
+
+    def view(self) -> HomeView:
+        """What the home holds that counts (see the module docstring), read in one pass."""
+        based = {t: r["base"] for t, r in self.terms().items() if isinstance(r.get("base"), int)}
+        newest = max(based) if based else None
+        base = based[newest] if newest is not None else None
+        view = HomeView(newest, base)
+        for relpath in self.names(EPOCHS):
+            epoch = _number(relpath, 20)
+            record = self.read(relpath) if epoch is not None else None
+            if epoch is None or record is None:
+                continue
+            if self._counts(int(record.get("term", 0)), epoch, newest, base):
+                view.epochs.append(record)
+            else:
+                view.stale_epochs.append(epoch)
+        for relpath in self.names(TRUNCATED):
+            record = self.read(relpath) or {}
+            term = int(record.get("term", 0))
+            for vnode, epoch in enumerate(record.get("points", [])):
+                point = int(epoch)
+                if newest is not None and base is not None and term < newest:
+                    point = min(point, base)  # an older term cannot have released what it did not seal in time
+                view.truncation[vnode] = max(view.truncation.get(vnode, -1), point)
+        return view
+
+    @staticmethod
+    def _counts(term: int, epoch: int, newest: int | None, base: int | None) -> bool:
+        return newest is None or base is None or term >= newest or epoch <= base
+
+    def write_epoch(self, epoch: int, term: int, record: Mapping[str, Any]) -> None:
+        """Make the seal record of ``epoch`` durable for term ``term``, replacing a record that does not count
+        (an earlier attempt of this term, or an older term's write after this run read the home)."""
+        relpath = epoch_path(epoch)
+        full = dict(record, epoch=epoch, term=term)
+        if self.create(relpath, full):
+            return
+        found = self.read(relpath) or {}
+        if int(found.get("term", 0)) > term:
+            raise FencedError(
+                f"cannot seal epoch {epoch}: {self.storage.display(relpath)} was sealed by writer term "
+                f"{found.get('term')}, newer than this run's term {term}. A newer run owns the sink; this one "
+                "must stop."
+            )
+        self.write(relpath, full)
+
+    def delete_epochs(self, epochs: Iterable[int]) -> int:
+        return sum(self.storage.delete(epoch_path(e)) for e in epochs)
+
+    def epoch_numbers(self) -> list[int]:
+        return sorted(e for e in (_number(p, 20) for p in self.names(EPOCHS)) if e is not None)
+
+    # -- truncate points -----------------------------------------------------------------------------------
+
+    def write_truncation(self, term: int, points: Mapping[int, int]) -> None:
+        ordered = [points[v] for v in sorted(points)]
+        self.write(truncated_path(term), {"term": term, "points": ordered, "written_at": time.time()})
+
+    def compact_truncation(self, term: int, points: Mapping[int, int]) -> None:
+        """Record ``points`` (at least every recorded point) as term ``term``'s, then delete older terms' records."""
+        self.write_truncation(term, points)
+        for relpath in self.names(TRUNCATED):
+            found = _number(relpath, 10)
+            if found is not None and found < term:
+                self.storage.delete(relpath)
