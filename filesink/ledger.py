@@ -380,8 +380,7 @@ class Ledger:
         """
         files = list(files)
         action = f"commit {', '.join(f.name for f in files) or 'idle vnodes'}"
-        if files:
-            self._check_home_term(term, action)
+        self._check_home_term(term, action)
         with self.db.atomic():
             self._check_term(term, action)
             points: dict[int, int] = {}

@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from sink_helpers import COLUMNS, TYPES, append_epoch, batch_rows, read_pyarrow
+from sink_helpers import append_epoch, batch_rows, input_file, read_pyarrow, run_query
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from logstore import LogStoreClaimedError
@@ -81,46 +79,19 @@ def test_two_sinks_with_log_stores_of_their_own_under_one_prefix_both_work(tmp_p
 # -- batches of another query, and a lost state ----------------------------------------------------------------
 
 
-def _input_file(directory: Path, batch: int, rows: int = 300) -> Counter:
-    directory.mkdir(parents=True, exist_ok=True)
-    data = batch_rows(batch, rows, seed=7)
-    columns = list(zip(*data, strict=True))
-    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
-    pq.write_table(table, directory / f"batch-{batch:03d}.parquet")
-    return Counter(data)
-
-
-def _query(spark, sink, source: Path, checkpoint: Path):
-    """One available-now run of a query over ``source`` (a file per batch) into ``sink``; its error, or None."""
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
-    query = (
-        stream.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    from pyspark.errors import StreamingQueryException
-
-    try:
-        assert query.awaitTermination(300), "the query did not finish in 300 s"
-    except StreamingQueryException as e:
-        return e
-    return query.exception()
-
-
 def test_the_batches_of_another_query_are_refused_even_a_replayed_batch_id(spark, tmp_path):
     """A deleted checkpoint: the new query's batch 0 has the id of the last sealed epoch, which was taken for a
     replay and skipped (its rows lost) before the sink recorded the query's id."""
     source = tmp_path / "input"
-    expected = _input_file(source, 0)
+    expected = input_file(source, 0)
     sink = _sink(tmp_path, "state")
-    assert _query(spark, sink, source, tmp_path / "checkpoint") is None
+    assert run_query(spark, sink, source, tmp_path / "checkpoint") is None
     assert sink.log_store.last_sealed_epoch == 0
     recorded = sink.ledger.query_id()
     assert recorded
 
-    _input_file(source, 1)  # new rows, read by a query with a new checkpoint (a new query id) as its batch 0
-    error = _query(spark, sink, source, tmp_path / "checkpoint-new")
+    input_file(source, 1)  # new rows, read by a query with a new checkpoint (a new query id) as its batch 0
+    error = run_query(spark, sink, source, tmp_path / "checkpoint-new")
     assert error is not None
     message = str(error)
     assert "comes from streaming query" in message and recorded in message, message
@@ -129,9 +100,9 @@ def test_the_batches_of_another_query_are_refused_even_a_replayed_batch_id(spark
     sink.close()
 
     # A restart with the original checkpoint goes on: its batches 1 and 2 read the files it has not read yet.
-    expected += Counter(batch_rows(1, 300, seed=7)) + _input_file(source, 2)
+    expected += Counter(batch_rows(1, 300, seed=7)) + input_file(source, 2)
     again = _sink(tmp_path, "state")
-    assert _query(spark, again, source, tmp_path / "checkpoint") is None
+    assert run_query(spark, again, source, tmp_path / "checkpoint") is None
     again.flush()
     assert read_pyarrow(again.path) == expected
     again.close()
@@ -141,14 +112,14 @@ def test_a_new_empty_state_refuses_a_first_batch_above_zero_unless_accepted(spar
     """The driver's disk is lost with the state directory; the checkpoint survives. The restarted query's first
     batch is 1: refused, nothing sealed. Accepted explicitly, the sink goes on from batch 1."""
     source = tmp_path / "input"
-    first = _input_file(source, 0)
+    first = input_file(source, 0)
     old = _sink(tmp_path, "state")
-    assert _query(spark, old, source, tmp_path / "checkpoint") is None
+    assert run_query(spark, old, source, tmp_path / "checkpoint") is None
     old.close()  # rows of batch 0 are held in the old state's log store, never written
 
-    second = _input_file(source, 1)
+    second = input_file(source, 1)
     lost = _sink(tmp_path, "state-new")
-    error = _query(spark, lost, source, tmp_path / "checkpoint")
+    error = run_query(spark, lost, source, tmp_path / "checkpoint")
     assert error is not None
     message = str(error)
     assert "StateLostError" in message and "batch 1 arrived" in message and "accept_state_loss=True" in message
@@ -156,7 +127,7 @@ def test_a_new_empty_state_refuses_a_first_batch_above_zero_unless_accepted(spar
     lost.close()
 
     accepted = _sink(tmp_path, "state-new", accept_state_loss=True)
-    assert _query(spark, accepted, source, tmp_path / "checkpoint") is None
+    assert run_query(spark, accepted, source, tmp_path / "checkpoint") is None
     accepted.flush()
     written = read_pyarrow(accepted.path)
     assert written == second, "batch 1 is written; batch 0's rows were held only by the lost state"

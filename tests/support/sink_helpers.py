@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import duckdb
 import fsspec
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 COLUMNS = ["id", "user_id", "event_date", "amount"]
 TYPES = [pa.int64(), pa.int64(), pa.string(), pa.float64()]
@@ -77,3 +79,33 @@ def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
     sink.log_store.seal(epoch, [descriptor])
     if sink.ledger.arrow_schema() is None:
         sink.ledger.record_schema("[]", nullable_schema(descriptor.schema_bytes))
+
+
+STREAM_SCHEMA = "id long, user_id long, event_date string, amount double"
+
+
+def input_file(directory: Path, batch: int, rows: int = 300) -> Counter:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = batch_rows(batch, rows, seed=7)
+    columns = list(zip(*data, strict=True))
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
+    pq.write_table(table, directory / f"batch-{batch:03d}.parquet")
+    return Counter(data)
+
+
+def run_query(spark, sink, source: Path, checkpoint: Path):
+    """One available-now run of a query over ``source`` (a file per batch) into ``sink``; its error, or None."""
+    stream = spark.readStream.schema(STREAM_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
+    query = (
+        stream.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        assert query.awaitTermination(300), "the query did not finish in 300 s"
+    except StreamingQueryException as e:
+        return e
+    return query.exception()
