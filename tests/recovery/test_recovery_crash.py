@@ -38,6 +38,7 @@ PARTS = ("event_date",)
 KILL_POINTS = [
     "recovery.term.after",
     "recovery.publish.after",
+    "recovery.sync.after",
     "recovery.fence.after",
     "recovery.resolve.after@1",
     "filesink.write.publish.before@2",  # in the middle of rewriting the partly visible file
@@ -107,8 +108,11 @@ class Case:
         sink._state_lock.release()  # the run dies
         sink.log_store.close()
 
-    def recover(self, failpoints: str = "") -> subprocess.CompletedProcess[str]:
+    def recover(self, failpoints: str = "", *, from_home: bool = False) -> subprocess.CompletedProcess[str]:
+        """``recover apply`` on the state directory; ``from_home``: with ``--log-store`` too (a lost state
+        directory is rebuilt from the durable home)."""
         env = dict(os.environ, **self.env, **{ENV_VAR: failpoints})
+        home = ["--log-store", self.log_store] if from_home and self.log_store else []
         return run(
             [
                 sys.executable,
@@ -118,6 +122,7 @@ class Case:
                 "--state-dir",
                 str(self.state),
                 "--json",
+                *home,
                 *self.flags,
             ],
             240,
@@ -209,3 +214,40 @@ def test_recovery_killed_at_each_step_then_rerun(tmp_path, request, where, point
     sink.close()
     assert read_pyarrow(case.path, case.options, PARTS) == case.expected
     assert read_duckdb(case.path, case.options, PARTS) == case.expected
+
+
+REBUILD_POINTS = [
+    "recovery.term.after",
+    "recovery.publish.after",
+    "recovery.sync.after",
+    "recovery.fence.after",
+    "recovery.resolve.after@2",
+    "logstore.gc.after_metadata",
+]
+
+
+@pytest.mark.parametrize("point", REBUILD_POINTS)
+def test_rebuild_killed_at_each_step_then_rerun(tmp_path, request, point):
+    """The state directory is lost with the same crashed run behind it: ``recover apply --log-store`` rebuilds it
+    from the durable home; killed at each step, run again (the half-rebuilt directory kept, or lost again), it
+    ends in the same state as an uninterrupted recovery."""
+    import shutil
+
+    reference = _reference(tmp_path, "s3", request)
+    case = Case(tmp_path / "rebuilt", "s3", request)
+    case.build()
+    shutil.rmtree(case.state)
+    killed = case.recover(
+        f"{point.split('@')[0]}=kill" + (f"@{point.split('@')[1]}" if "@" in point else ""), from_home=True
+    )
+    assert killed.returncode == -9, f"the rebuild was not killed at {point}: {killed.stderr[-3000:]}"
+    if point.endswith("fence.after"):
+        shutil.rmtree(case.state)  # lost again, half rebuilt
+    again = case.recover(from_home=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert case.snapshot() == reference
+
+    sink = case.open(parallelism=2)
+    sink.flush()
+    sink.close()
+    assert read_pyarrow(case.path, case.options, PARTS) == case.expected
