@@ -53,6 +53,10 @@ class StateLostError(CheckpointMismatchError):
     (``accept_state_loss=True``)."""
 
 
+class OutputClaimedError(FileSinkError):
+    """The output belongs to another sink (its ``_filesink.json`` names another sink id)."""
+
+
 class SinkLockedError(FileSinkError):
     """Another live query holds the sink's state directory."""
 
@@ -97,6 +101,7 @@ __all__ = [
     "FileSinkError",
     "FileWriteError",
     "InputError",
+    "OutputClaimedError",
     "SchemaMismatchError",
     "SinkFailedError",
     "SinkLockedError",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -150,7 +150,14 @@ class Ledger:
         return {"output": row[0], "key_columns": json.loads(row[1]), "partition_by": json.loads(row[2])}
 
     @db_errors("check the sink's configuration")
-    def check_config(self, output: str, key_columns: list[str] | None, partition_by: list[str]) -> None:
+    def check_config(
+        self,
+        output: str,
+        key_columns: list[str] | None,
+        partition_by: list[str],
+        *,
+        before_record: Callable[[], None] | None = None,
+    ) -> None:
         """Record the sink's identity at creation (in the database and the durable home); later, refuse a
         different output, keys or partitioning. A new database takes the identity the home recorded (rebuild),
         and refuses, before anything is written, a home that belongs to a sink with another identity."""
@@ -169,6 +176,8 @@ class Ledger:
                         "this sink a log store location of its own (e.g. a subdirectory per sink), or open the sink "
                         "that owns it with its own options."
                     )
+            if before_record is not None:
+                before_record()  # e.g. the output's claim: refused before anything is recorded
             with self.db.atomic():
                 self.db.execute(
                     "INSERT INTO sink_config (id, output, key_columns, partition_by, spark_schema, query_id, "
@@ -202,6 +211,9 @@ class Ledger:
         if home is None or self.config() is not None:
             return
         self.check_config(str(home["output"]), home.get("key_columns"), list(home.get("partition_by") or []))
+        with self.db.atomic():  # the term the sink runs under now (a new term is taken above it at start)
+            published = self.store.home.published_term() or 0
+            self.db.execute("UPDATE sink_config SET writer_term = MAX(writer_term, ?)", (published,))
 
     def _write_home_record(self) -> None:
         """The sink's configuration, durable in the home (rebuild takes it from there)."""

@@ -39,7 +39,14 @@ from .backlog import BacklogTracker
 from .errors import CheckpointMismatchError, SchemaMismatchError, SinkFailedError, SinkOptionError, StateLostError
 from .ledger import Ledger, PlannedFile
 from .lock import StateLock
-from .output import OutputLocation, forget_committed, prepare_staging, release_staging, remove_failed_attempts
+from .output import (
+    OutputLocation,
+    claim_output,
+    forget_committed,
+    prepare_staging,
+    release_staging,
+    remove_failed_attempts,
+)
 from .planner import file_task, plan
 from .rollover import Rollover
 from .sizing import Sample, sample_ratio
@@ -141,8 +148,14 @@ class ExactlyOnceParquetSink:
             log_options = options if log_store and not is_local(log_store) else None
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
             self._ledger = Ledger(self._store)
-            self._ledger.check_config(self.path, self.key_columns, self.partition_by)
             self._output = OutputLocation.of_sink(self.path, options, state)
+
+            def claim() -> None:
+                where = f"state directory {state}"
+                claim_output(self._output, self._store.sink_id, state=where, take_over=self._accept_state_loss)
+
+            self._ledger.check_config(self.path, self.key_columns, self.partition_by, before_record=claim)
+            claim()
             self._spark: Any = None
             self._epochs_since_sweep = 0
             self._term = 0

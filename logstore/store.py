@@ -551,10 +551,13 @@ class LogStore:
         last = self.last_sealed_epoch
         imported = [r for r in sorted(view.epochs, key=lambda r: int(r["epoch"])) if int(r["epoch"]) > last]
         points = self.truncate_points()
+        durable = {v: max(points.get(v, NOTHING), view.truncation.get(v, NOTHING)) for v in points}
         with self.db.atomic():
             for record in imported:
                 epoch = int(record["epoch"])
-                self._insert_epoch(epoch, _descriptors(record), float(record.get("sealed_at", time.time())))
+                # Segments every vnode of which was released (committed) are deleted, or will be: not imported.
+                held = [d for d in _descriptors(record) if any(durable.get(v, NOTHING) < epoch for v in d.vnodes)]
+                self._insert_epoch(epoch, held, float(record.get("sealed_at", time.time())))
             if view.base is not None:
                 self.db.execute("UPDATE log_store SET last_sealed_epoch = MAX(last_sealed_epoch, ?)", (view.base,))
             last = self.last_sealed_epoch

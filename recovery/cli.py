@@ -28,6 +28,7 @@ from filesink.planner import file_task, writer_ranges
 from filesink.writer import FileTask
 from logstore import LogLocation, LogStore, NoLogStoreError
 from logstore.statedb import STATE_DB_NAME
+from logstore.storage import is_local
 
 from .errors import NotASinkError
 from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
@@ -35,7 +36,7 @@ from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
 
 @dataclass
 class OpenSink:
-    state_dir: Path
+    state_dir: Path | None
     store: LogStore
     ledger: Ledger
     output: OutputLocation
@@ -104,9 +105,12 @@ def open_sink(
         config = ledger.config()
         if config is None:
             raise NotASinkError(f"{store.db_path} holds no sink: its sink tables are missing or empty")
-        place = state_dir if state_dir is not None else Path(store.location.canonical)
-        output = OutputLocation.of_sink(str(config["output"]), storage_options, place)
-        return OpenSink(place, store, ledger, output, config)
+        if state_dir is not None:
+            output = OutputLocation.of_sink(str(config["output"]), storage_options, state_dir)
+        else:  # no state directory: a local output stages next to itself
+            url = str(config["output"])
+            output = OutputLocation(url, storage_options if not is_local(url) else {})
+        return OpenSink(state_dir, store, ledger, output, config)
     except BaseException:
         store.close()
         raise
@@ -161,7 +165,8 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
         "key_columns": sink.config["key_columns"],
         "partition_by": sink.config["partition_by"],
         "last_sealed_epoch": store.last_sealed_epoch,
-        "held_by": lock_holder(sink.state_dir),
+        "state_dir": str(sink.state_dir) if sink.state_dir is not None else None,
+        "held_by": lock_holder(sink.state_dir) if sink.state_dir is not None else None,
         "writer_term": sink.ledger.term(),
         "truncate_points": {str(v): e for v, e in points.items()},
         "backlog": {
@@ -225,7 +230,10 @@ def _print_status(s: dict[str, Any]) -> None:
     print(f"sink {s['sink_id']}")
     for key in ("output", "log_store", "vnodes", "key_columns", "partition_by", "last_sealed_epoch"):
         print(f"  {key.replace('_', ' ')}: {s[key]}")
-    print(f"  held by: {s['held_by'] or 'nobody (no live query)'}")
+    if s.get("state_dir") is None:
+        print("  held by: unknown (no state directory: a query running elsewhere does not show here)")
+    else:
+        print(f"  held by: {s['held_by'] or 'nobody (no live query)'}")
     print(f"  writer term: {s['writer_term']}")
     by_epoch: dict[int, list[int]] = {}
     for v, e in s["truncate_points"].items():

@@ -9,10 +9,12 @@
 | :mod:`.fencing` | writer terms, writers' records, per-term staging directories, fencing older writers |
 | :mod:`.visibility` | which objects of a file a reader sees (what recovery checks) |
 | :mod:`.garbage` | what dead, stalled or fenced writers left: temp files, uploads, records |
+| :mod:`.claim` | ``_filesink.json``: which sink writes to the output |
 """
 
 from __future__ import annotations
 
+from .claim import CLAIM_NAME, claim_output
 from .fencing import (
     Fence,
     ObjectRecord,
@@ -32,6 +34,7 @@ from .probe import check_s3
 from .visibility import list_objects, object_keys
 
 __all__ = [
+    "CLAIM_NAME",
     "SUFFIX",
     "Fence",
     "ObjectRecord",
@@ -40,6 +43,7 @@ __all__ = [
     "OutputObject",
     "Target",
     "check_s3",
+    "claim_output",
     "fence_writers",
     "file_name",
     "find_output_garbage",

@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sink_helpers import append_epoch, batch_rows, input_file, read_pyarrow, run_query
+from sink_helpers import append_epoch, batch_rows, input_file, parquet_files, read_pyarrow, run_query
 
-from filesink import ExactlyOnceParquetSink, Rollover
+from filesink import ExactlyOnceParquetSink, OutputClaimedError, Rollover
 from logstore import LogStoreClaimedError
 from logstore.home import CLAIM_FILE
 
@@ -109,16 +109,21 @@ def test_the_batches_of_another_query_are_refused_even_a_replayed_batch_id(spark
 
 
 def test_a_new_empty_state_refuses_a_first_batch_above_zero_unless_accepted(spark, tmp_path):
-    """The driver's disk is lost with the state directory; the checkpoint survives. The restarted query's first
-    batch is 1: refused, nothing sealed. Accepted explicitly, the sink goes on from batch 1."""
+    """The driver's disk is lost with the state directory (and its local log store); the checkpoint survives. A
+    new sink on the same output is refused at once (the output is the lost sink's); on a new output, the restarted
+    query's first batch 1 is refused, nothing sealed. Accepted explicitly, the sink goes on from batch 1."""
     source = tmp_path / "input"
     first = input_file(source, 0)
     old = _sink(tmp_path, "state")
+    old_id = old.log_store.sink_id
     assert run_query(spark, old, source, tmp_path / "checkpoint") is None
     old.close()  # rows of batch 0 are held in the old state's log store, never written
 
     second = input_file(source, 1)
-    lost = _sink(tmp_path, "state-new")
+    with pytest.raises(OutputClaimedError, match=rf"belongs to sink {old_id}.*accept_state_loss=True"):
+        _sink(tmp_path, "state-new")
+
+    lost = _sink(tmp_path, "state-new", output=str(tmp_path / "out-new"))
     error = run_query(spark, lost, source, tmp_path / "checkpoint")
     assert error is not None
     message = str(error)
@@ -126,10 +131,33 @@ def test_a_new_empty_state_refuses_a_first_batch_above_zero_unless_accepted(spar
     assert lost.log_store.last_sealed_epoch == -1, "nothing sealed"
     lost.close()
 
-    accepted = _sink(tmp_path, "state-new", accept_state_loss=True)
+    accepted = _sink(tmp_path, "state-new", accept_state_loss=True, output=str(tmp_path / "out-new"))
     assert run_query(spark, accepted, source, tmp_path / "checkpoint") is None
     accepted.flush()
     written = read_pyarrow(accepted.path)
     assert written == second, "batch 1 is written; batch 0's rows were held only by the lost state"
     assert not written & first
     accepted.close()
+
+    replacing = _sink(tmp_path, "state-other", accept_state_loss=True)  # takes the lost sink's output over
+    assert replacing.log_store.sink_id != old_id
+    replacing.close()
+
+
+# -- the output's claim ----------------------------------------------------------------------------------------
+
+
+def test_an_output_written_by_another_sink_is_refused_and_nothing_is_written(tmp_path, base):
+    """Two sinks on one output would both write every row they are given (4,000 rows for 2,000 ids)."""
+    url, options = base
+    a = _sink(tmp_path, "state-a", output=f"{url}/out", log_store=f"{url}/log-a", storage_options=options)
+    append_epoch(a, 0, batch_rows(0, 100))
+    a.flush()
+    files = parquet_files(a.path, options)
+    with pytest.raises(OutputClaimedError, match=rf"belongs to sink {a.log_store.sink_id}.*not to this sink"):
+        _sink(tmp_path, "state-b", output=f"{url}/out", log_store=f"{url}/log-b", storage_options=options)
+    assert parquet_files(a.path, options) == files
+    append_epoch(a, 1, batch_rows(1, 100))
+    a.flush()
+    assert read_pyarrow(a.path, options) == Counter(batch_rows(0, 100)) + Counter(batch_rows(1, 100))
+    a.close()

@@ -39,11 +39,13 @@ def _fs(path: str, options: dict | None):
 
 
 def parquet_files(path: str, options: dict | None = None) -> list[str]:
-    """Every object under the output, relative to it."""
+    """Every object under the output, relative to it (but the sink's claim, ``_filesink.json``)."""
+    from filesink.output import CLAIM_NAME
+
     fs, root = _fs(path, options)
     if not fs.exists(root):
         return []
-    return sorted(p[len(root.rstrip("/")) + 1 :] for p in fs.find(root))
+    return sorted(k for k in (p[len(root.rstrip("/")) + 1 :] for p in fs.find(root)) if k != CLAIM_NAME)
 
 
 def read_pyarrow(path: str, options: dict | None = None, partition_by: tuple[str, ...] = ()) -> Counter:
