@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from logstore import LogStore
+from logstore import LogStore, LogStoreError
 from logstore.storage import is_local
 
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
@@ -285,7 +285,7 @@ def _watch(query: Any, batches: _Batches, stop: threading.Event, progress: Progr
 
 def _report_failure(error: BaseException, batches: _Batches, config: RunConfig, out: Callable[[str], None]) -> int:
     cause = batches.error
-    if isinstance(cause, FileSinkError):
+    if isinstance(cause, (FileSinkError, LogStoreError)):  # its own message says what to do (e.g. fenced: stop)
         raise cause
     detail = "\n  ".join(spark_error_summary(cause if cause is not None else error))
     out(
@@ -319,6 +319,14 @@ def spark_error_summary(error: BaseException, limit: int = 4) -> list[str]:
 
 def _report_recovery(sink: ExactlyOnceParquetSink, out: Callable[[str], None]) -> None:
     done = sink.recovered
+    store = sink.log_store
+    if store.rebuilt and done is not None:
+        held = store.held_totals()
+        out(
+            f"the state directory was new: rebuilt the state of sink {store.sink_id} from its durable home at "
+            f"{store.location.canonical} (last sealed epoch {store.last_sealed_epoch}, {held.epochs} epochs held, "
+            f"{held.rows:,} rows, {len(done.from_home)} pending files)"
+        )
     if done is None or not done.files:
         return
     actions: dict[str, int] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -288,6 +289,13 @@ def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected
     assert not (tmp_path / "state" / "log").exists()
+    # The driver's machine is gone: a new state directory is rebuilt from the durable home, and says so.
+    shutil.rmtree(tmp_path / "state")
+    expected.update(_write(tmp_path / "in", 3))
+    proc = filesink(*args, "--log-store", log, env=creds)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rebuilt the state of sink" in proc.stdout + proc.stderr, proc.stdout + proc.stderr[-3000:]
+    assert read_pyarrow(output, s3_options, PARTS) == expected
 
 
 @pytest.mark.slow
