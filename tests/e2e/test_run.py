@@ -276,7 +276,10 @@ def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     expected = Counter(_write(tmp_path / "in", 0) + _write(tmp_path / "in", 1))
     creds = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
     output, log = s3_prefix + "/table", s3_prefix + "/log"
-    args = _args(tmp_path, "--s3-endpoint", s3_server.endpoint, "--available-now", output=output)
+    checkpoint = str(tmp_path / "checkpoint")  # kept apart from the state directory, on durable storage
+    args = _args(
+        tmp_path, "--s3-endpoint", s3_server.endpoint, "--available-now", "--checkpoint", checkpoint, output=output
+    )
     proc = filesink(*args, "--log-store", log, env=creds)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected
