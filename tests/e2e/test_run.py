@@ -320,3 +320,46 @@ def test_a_malformed_json_line_fails_the_batch_and_a_fixed_file_resumes(tmp_path
     proc = filesink(*_args(tmp_path, "--format", "json", "--available-now"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(str(out), None, PARTS) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_refuses_what_is_not_its_own_and_deletes_nothing(tmp_path):
+    """Through ``filesink run``: another sink's log store, another sink's output, another query's checkpoint. Each
+    is refused with a message naming both sides; nothing of the owner's is deleted or written twice."""
+    expected = Counter(_write(tmp_path / "in", 0))
+    shared = tmp_path / "shared-log"
+
+    def args(state: str, out: str, checkpoint: str, *extra: str) -> list[str]:
+        a = _args(tmp_path, "--available-now", "--checkpoint", str(tmp_path / checkpoint), *extra, output=str(out))
+        a[a.index("--state-dir") + 1] = str(tmp_path / state)
+        return a
+
+    out_a = tmp_path / "out-a"
+    proc = filesink(*args("state-a", str(out_a), "cp-a", "--log-store", str(shared)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sink_id = json.loads((shared / "sink.json").read_text())["sink_id"]
+    log_files = sorted(p.relative_to(shared).as_posix() for p in shared.rglob("*"))
+    written = sorted(p.name for p in out_a.rglob("*.parquet"))
+
+    other_log = filesink(*args("state-b", str(tmp_path / "out-b"), "cp-b", "--log-store", str(shared)))
+    assert other_log.returncode == 1, other_log.stderr[-3000:]
+    for part in (f"durable home of sink {sink_id}", str(out_a), "state-b", "Nothing was written or deleted"):
+        assert part in other_log.stderr, (part, other_log.stderr[-3000:])
+
+    other_out = filesink(*args("state-c", str(out_a), "cp-c"))
+    assert other_out.returncode == 1, other_out.stderr[-3000:]
+    for part in (f"belongs to sink {sink_id}", "state-c", "accept_state_loss=True", "Nothing was written or deleted"):
+        assert part in other_out.stderr, (part, other_out.stderr[-3000:])
+
+    log_after = sorted(p.relative_to(shared).as_posix() for p in shared.rglob("*"))
+    assert log_after == log_files, "the refused sinks wrote or deleted nothing in the owner's log store"
+
+    _write(tmp_path / "in", 1)
+    other_query = filesink(*args("state-a", str(out_a), "cp-new"))
+    assert other_query.returncode == 1, other_query.stderr[-3000:]
+    assert "comes from streaming query" in other_query.stderr and "takes the batches of query" in other_query.stderr
+
+    assert sorted(p.name for p in out_a.rglob("*.parquet")) == written
+    assert read_pyarrow(str(out_a), None, PARTS) == expected
+    assert not (tmp_path / "out-b").exists() or not list((tmp_path / "out-b").rglob("*.parquet"))
