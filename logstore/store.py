@@ -464,8 +464,8 @@ class LogStore:
         self._check_unsealed(epoch, "seal")
         self._check_descriptors(epoch, descs)
         sealed_at = time.time()
-        # Durable in the home first (fenced on both sides): a rebuild finds every epoch the database sealed.
-        self.check_term(f"seal epoch {epoch}")
+        # Durable in the home first, then fenced: a rebuild finds every epoch the database sealed, and a record a
+        # fenced driver writes after the newer run read the home does not count (see logstore.home).
         self.home.write_epoch(epoch, self.term or 0, _epoch_record(descs, sealed_at))
         failpoint("logstore.seal.home_written")
         self.check_term(f"seal epoch {epoch}")
@@ -756,7 +756,6 @@ class LogStore:
         report = GarbageReport()
         if sweep:
             self.publish_truncation()
-        self.check_term("delete released segments")
         with self.db.atomic():
             released = self.db.execute(
                 """
@@ -776,6 +775,8 @@ class LogStore:
             )
             report.epochs_pruned = cursor.rowcount
         failpoint("logstore.gc.after_metadata")
+        if released:
+            self.check_term("delete released segments")
         for _, name, size in released:
             self.storage.delete(name)
             report.released_segments += 1
