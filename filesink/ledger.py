@@ -193,6 +193,8 @@ class Ledger:
             if home is None:
                 self._write_home_record()
             return
+        if not self.store.readonly and self.store.home.read(SINK_RECORD) is None:
+            self._write_home_record()  # a sink created before it had a durable home
         for what, recorded, value in (
             ("output path", row[0], output),
             ("key_columns", row[1], json.dumps(key_columns)),
@@ -433,9 +435,10 @@ class Ledger:
 
     @db_errors("take the pending files from the durable home")
     def sync_pending(self) -> list[str]:
-        """Make the pending files those the durable home records (a pre-commit it holds and the database lacks:
-        a crash between the two, or a rebuilt database; one the database holds and the home does not: resolved
-        by a later run elsewhere). Returns the names taken from the home."""
+        """Add the pending files the durable home records and the database lacks (a crash between the two, or a
+        rebuilt database). One the database holds and the home does not (resolved by a later run elsewhere, or
+        pre-committed before the sink had a durable home) stays: recovery resolves it by visibility, which is
+        right either way. Returns the names taken from the home."""
         recorded = {}
         for relpath in self.store.home.names(FILES):
             record = self.store.home.read(relpath)
@@ -444,8 +447,6 @@ class Ledger:
         have = set(self.pending_names())
         added = [recorded[n] for n in sorted(set(recorded) - have)]
         with self.db.atomic():
-            for name in sorted(have - set(recorded)):
-                self.db.execute("DELETE FROM sink_files WHERE name = ?", (name,))
             for r in added:
                 self._insert_pending(_planned(r), int(r.get("term", 0)))
         return [str(r["name"]) for r in added]

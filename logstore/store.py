@@ -575,12 +575,37 @@ class LogStore:
                 self.db_path,
             )
         if adopt and self.term is not None:
+            counted = {int(r["epoch"]) for r in view.epochs}
+            for epoch in self._held_epochs():  # sealed before the sink had a durable home: made durable now
+                if epoch not in counted:
+                    self.home.write_epoch(epoch, self.term, _epoch_record(*self._epoch_rows(epoch)))
             self.home.record_base(self.term, last)
             self.home.delete_epochs(view.stale_epochs)
             self.home.prune_terms(keep_from=self.term)
             self.home.compact_truncation(self.term, self.truncate_points())
             self._published_points = self.truncate_points()
         return view
+
+    def _held_epochs(self) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT epoch FROM log_epochs ORDER BY epoch")]
+
+    def _epoch_rows(self, epoch: int) -> tuple[list[SegmentDescriptor], float]:
+        """What the database holds of a sealed epoch, as descriptors (the inverse of :meth:`_insert_epoch`)."""
+        sealed_at = self.db.execute("SELECT sealed_at FROM log_epochs WHERE epoch = ?", (epoch,)).fetchone()[0]
+        descs = []
+        for segment_id, name, size, schema_block, schema_bytes in self.db.execute(
+            "SELECT segment_id, name, size, schema_block, schema_bytes FROM log_segments WHERE epoch = ? ORDER BY name",
+            (epoch,),
+        ).fetchall():
+            runs = tuple(
+                VnodeRun(vnode, tuple(map(Block.from_json, json.loads(blocks))))
+                for vnode, blocks in self.db.execute(
+                    "SELECT vnode, blocks FROM log_segment_vnodes WHERE segment_id = ? ORDER BY vnode", (segment_id,)
+                )
+            )
+            block = Block.from_json(json.loads(schema_block))
+            descs.append(SegmentDescriptor(name, epoch, size, block, bytes(schema_bytes), runs, self.sink_id))
+        return descs, float(sealed_at)
 
     def publish_truncation(self) -> None:
         """Make the database's truncate points durable in the home (term-checked), if they moved since."""

@@ -162,3 +162,28 @@ def test_the_durable_home_is_bounded_by_open_work(tmp_path, home):
     assert len(_home_files(sink, TERMS)) == 1
     assert read_pyarrow(sink.path, home[2]) == expected
     sink.close()
+
+
+def test_a_sink_from_before_the_durable_home_makes_its_state_durable_at_its_next_start(tmp_path, home):
+    """A sink whose log store has no ``home/`` yet (created by an earlier version): its next start writes the
+    records of every epoch it holds, so a later loss of its state directory loses nothing."""
+    sink = _open(tmp_path, home)
+    expected: Counter = Counter()
+    for epoch in range(3):
+        rows = batch_rows(epoch, 80, seed=8)
+        expected.update(rows)
+        append_epoch(sink, epoch, rows)
+    storage = sink.log_store.storage
+    for name, _ in list(storage.list_files("home")):
+        storage.delete(name)
+    sink.close()
+
+    again = _open(tmp_path, home)  # the upgraded sink's first start
+    assert len(_home_files(again, EPOCHS)) == 3
+    again.close()
+    shutil.rmtree(tmp_path / "state")
+    rebuilt = _open(tmp_path, home)
+    assert rebuilt.log_store.rebuilt and rebuilt.log_store.held_totals().rows == 240
+    rebuilt.flush()
+    assert read_pyarrow(rebuilt.path, home[2]) == expected
+    rebuilt.close()
