@@ -3,7 +3,8 @@ leaving one of its file writers paused (SIGSTOP) to be resumed after the restart
 another parallelism. After every kill nothing but whole Parquet files of the sink is under the output; at
 the end the output equals the input exactly (lost, duplicated and unexpected rows counted separately).
 With the log store on S3 as well, some kills also lose the state directory (deleted before the restart): the
-sink rebuilds its state from the log store's durable home.
+sink rebuilds its state from the log store's durable home. With the default log store (under the state
+directory), a lost state is refused (StateLostError), never written over.
 Seeded: a failure names its seed, and the same seed replays the same campaign."""
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from checker import Report, check, stray_objects
+from checker import Report, check, compare, stray_objects
 from helpers import SUPPORT, communicate, process_state, readline_with_deadline, support_env, wait_for_line, wait_until
 from helpers import kill as kill_process
-from sink_helpers import COLUMNS, batch_rows, parquet_files
+from sink_helpers import COLUMNS, batch_rows, parquet_files, read_pyarrow
 
 from logstore.failpoints import DIR_VAR, ENV_VAR, fired
 
@@ -232,11 +233,51 @@ def _driver_loss_campaign(
 @pytest.mark.timeout(1200)  # 250-385 s measured on a 2-core machine under a load of 7 to 15
 def test_sigkill_and_driver_loss_at_random_moments_on_s3(tmp_path, s3_prefix, s3_options, capsys, request):
     """The driver's machine is lost with the job: after 4 of the 10 kills its state directory goes too, and the
-    restart rebuilds the sink's state from the durable home in the log store on S3."""
+    restart rebuilds the sink's state from the durable home in the log store on S3. (Seed 21 loses it after
+    kills 1, 2 and 4, and after kill 10, which leaves a paused file writer: the last run, on a rebuilt state,
+    must fence it.)"""
     report = _driver_loss_campaign(
         tmp_path, s3_prefix, s3_options, seed=21, kills=10, state_losses=4, inputs=40, zombie_every=5
     )
     _report(report, capsys, request)
+
+
+def _refused(proc: subprocess.Popen[str], what: str) -> str:
+    """Wait for a run that must fail because its state was lost; return its stderr."""
+    out_text, err = communicate(proc, LINE_TIMEOUT, what)
+    assert proc.returncode != 0, f"{what}: the job exited with 0\n{out_text[-3000:]}\n{err[-3000:]}"
+    assert "StateLostError" in err and "state this sink had was lost" in err, err[-3000:]
+    assert "batch" not in out_text and "done" not in out_text, out_text
+    return err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(720)  # 233 s measured on a 2-core machine under a load of 14 to 18
+def test_lost_state_with_its_local_log_store_is_refused(tmp_path):
+    """With the default log store (under the state directory), losing the state directory loses the rows the
+    log held: the restart must fail loudly (StateLostError), every time, and write nothing; the output keeps
+    what was committed, each row at most once."""
+    expected = _write_input(tmp_path, seed=7, inputs=20)
+    out = str(tmp_path / "out")
+    proc = _start(tmp_path, out, None, 2)
+    wait_for_line(proc, "batch 4\n", LINE_TIMEOUT, "the job's fifth batch", skip=True)
+    time.sleep(random.Random(7).uniform(0.0, 1.0))
+    _kill(proc)
+    assert (tmp_path / "state" / "log").is_dir(), "the log store is under the state directory"
+    committed = parquet_files(out)
+    assert committed, "files were committed before the kill (a roll every 2 epochs)"
+    shutil.rmtree(tmp_path / "state")
+
+    _refused(_start(tmp_path, out, None, 3), "the restart to fail")
+    assert parquet_files(out) == committed, "the refused run changed the output"
+    _refused(_start(tmp_path, out, None, 1), "the second restart to fail")
+    assert parquet_files(out) == committed, "the second refused run changed the output"
+
+    got = read_pyarrow(out)
+    lost, duplicated, unexpected = compare(expected, got)
+    assert (duplicated, unexpected) == (0, 0), f"{duplicated} rows duplicated, {unexpected} unexpected"
+    assert sum(got.values()) > 0, f"no rows in the output ({lost} of {sum(expected.values())} lost)"
+    assert stray_objects(out, None) == []
 
 
 CHAOS_SEEDS = range(100, 120)
