@@ -2,6 +2,9 @@
 leaving one of its file writers paused (SIGSTOP) to be resumed after the restart; restart each time at
 another parallelism. After every kill nothing but whole Parquet files of the sink is under the output; at
 the end the output equals the input exactly (lost, duplicated and unexpected rows counted separately).
+With the log store on S3 as well, some kills also lose the state directory (deleted before the restart): the
+sink rebuilds its state from the log store's durable home. With the default log store (under the state
+directory), a lost state is refused (StateLostError), never written over.
 Seeded: a failure names its seed, and the same seed replays the same campaign."""
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +23,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from checker import Report, check, stray_objects
+from checker import Report, check, compare, stray_objects
 from helpers import SUPPORT, communicate, process_state, readline_with_deadline, support_env, wait_for_line, wait_until
 from helpers import kill as kill_process
-from sink_helpers import COLUMNS, batch_rows, parquet_files
+from sink_helpers import COLUMNS, batch_rows, parquet_files, read_pyarrow
 
 from logstore.failpoints import DIR_VAR, ENV_VAR, fired
 
@@ -32,10 +36,19 @@ LINE_TIMEOUT = 300
 
 
 def _start(
-    tmp_path: Path, out: str, options: dict | None, parallelism: int, env: dict[str, str] | None = None
+    tmp_path: Path,
+    out: str,
+    options: dict | None,
+    parallelism: int,
+    env: dict[str, str] | None = None,
+    log_store: str | None = None,
 ) -> subprocess.Popen[str]:
+    """Start the job (its state in ``tmp_path/"state"``, its log store at ``log_store``, default under the
+    state)."""
     full = support_env()
     full["SINK_JOB_S3"] = json.dumps(options or {})
+    if log_store:
+        full["SINK_JOB_LOG_STORE"] = log_store
     full.update(env or {})
     args = [
         sys.executable,
@@ -71,12 +84,14 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     proc.stderr.close()
 
 
-def _zombie_run(tmp_path: Path, out: str, options: dict | None, parallelism: int, shared: Path) -> tuple[int, str]:
+def _zombie_run(
+    tmp_path: Path, out: str, options: dict | None, parallelism: int, shared: Path, log_store: str | None = None
+) -> tuple[int, str]:
     """Run the job until one of its file writers pauses itself (SIGSTOP) before publishing; kill the job,
     leaving the paused writer behind. Returns the writer's pid and the object it was about to publish."""
     shared.mkdir()
     env = {ENV_VAR: "filesink.write.publish.before=stop@once", DIR_VAR: str(shared)}
-    proc = _start(tmp_path, out, options, parallelism, env)
+    proc = _start(tmp_path, out, options, parallelism, env, log_store)
     wait_until(lambda: bool(fired(str(shared))), 180, "a writer to pause", proc=proc)
     _name, pid, key = fired(str(shared))[0]
     wait_until(lambda: process_state(pid) == "T", 180, "the writer to stop", proc=proc)
@@ -106,14 +121,27 @@ def campaign(
     options: dict | None = None,
     inputs: int = 60,
     zombie_every: int = 0,
+    log_store: str | None = None,
+    state_losses: int = 0,
 ) -> Report:
     """Kill the job ``kills`` times at random moments (every ``zombie_every``-th time leaving a paused file
     writer behind, resumed after the restart), restarting each time at another parallelism; then let it
-    finish and check the output. Reproducible from ``seed``."""
+    finish and check the output. Reproducible from ``seed``.
+
+    The log store is at ``log_store`` (default: under the state directory). After ``state_losses`` of the
+    kills, chosen at random, the state directory is deleted before the restart (the driver's machine is
+    lost; Spark's checkpoint survives): the log store must then hold the sink's durable home, so
+    ``log_store`` must be given. The report's figures state the kills and state losses that happened."""
+    if state_losses:
+        assert log_store is not None, "a lost state directory loses a log store kept under it"
+        assert state_losses <= kills, f"{state_losses} state losses need as many kills, not {kills}"
     rng = random.Random(seed)
+    # Drawn apart from the kills' moments, so that a seed's kills are the same with or without state losses.
+    losing = set(random.Random(f"{seed}-state").sample(range(kills), state_losses))
     expected = _write_input(tmp_path, seed, inputs)
     out = out or str(tmp_path / "out")
-    landed = zombies = 0
+    state = tmp_path / "state"
+    landed = zombies = lost_states = 0
     parallelism = rng.choice([1, 2, 3, 4])
     zombie: int | None = None
     key = ""
@@ -121,11 +149,11 @@ def campaign(
         parallelism = rng.choice([p for p in (1, 2, 3, 4) if p != parallelism])
         if zombie_every and kill % zombie_every == zombie_every - 1:
             assert zombie is None
-            zombie, key = _zombie_run(tmp_path, out, options, parallelism, tmp_path / f"zombie-{kill}")
+            zombie, key = _zombie_run(tmp_path, out, options, parallelism, tmp_path / f"zombie-{kill}", log_store)
             zombies += 1
             landed += 1
         else:
-            proc = _start(tmp_path, out, options, parallelism)
+            proc = _start(tmp_path, out, options, parallelism, log_store=log_store)
             assert proc.stdout is not None
             if zombie is not None:  # the restart has recovered (and fenced) once it prints "started"
                 wait_for_line(proc, "started\n", LINE_TIMEOUT, "the line 'started' (the restart has recovered)")
@@ -140,7 +168,12 @@ def campaign(
             landed += proc.poll() is None
             _kill(proc)
         assert stray_objects(out, options) == [], f"seed {seed}: after kill {kill + 1}"
-    proc = _start(tmp_path, out, options, rng.choice([p for p in (1, 2, 3, 4) if p != parallelism]))
+        if kill in losing:  # the driver's machine is gone: the next run starts with no state directory
+            shutil.rmtree(state)
+            lost_states += 1
+    proc = _start(
+        tmp_path, out, options, rng.choice([p for p in (1, 2, 3, 4) if p != parallelism]), log_store=log_store
+    )
     if zombie is not None:
         wait_for_line(proc, "started\n", LINE_TIMEOUT, "the line 'started' (the restart has recovered)")
         _resume_zombie(zombie, key, out, options)
@@ -148,7 +181,9 @@ def campaign(
     assert proc.returncode == 0 and out_text.endswith("done\n"), err[-3000:]
     report = check(out, options, expected)
     assert landed == kills, f"seed {seed}: every kill must land while the job runs ({landed} of {kills} did)"
-    report.figures = {"seed": seed, "kills": kills, "paused writers": zombies}
+    report.figures = {"seed": seed, "kills": landed, "paused writers": zombies}
+    if state_losses:
+        report.figures["state losses"] = lost_states
     return report
 
 
@@ -173,6 +208,76 @@ def test_sigkill_at_random_moments_with_rescale_and_paused_writers(tmp_path, cap
 def test_sigkill_at_random_moments_on_s3(tmp_path, s3_prefix, s3_options, capsys, request):
     report = campaign(tmp_path, seed=12, kills=5, out=s3_prefix + "/table", options=s3_options, zombie_every=3)
     _report(report, capsys, request)
+
+
+def _driver_loss_campaign(
+    tmp_path: Path, s3_prefix: str, s3_options: dict, seed: int, kills: int, state_losses: int, **kwargs: int
+) -> Report:
+    """A campaign with the log store and the output on S3, Spark's checkpoint in a directory that survives,
+    and the state directory deleted after ``state_losses`` of the ``kills``; check that they all happened."""
+    report = campaign(
+        tmp_path,
+        seed=seed,
+        kills=kills,
+        out=s3_prefix + "/table",
+        options=s3_options,
+        log_store=s3_prefix + "/log",
+        state_losses=state_losses,
+        **kwargs,
+    )
+    assert report.figures["kills"] == kills and report.figures["state losses"] == state_losses, report.figures
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # 250-385 s measured on a 2-core machine under a load of 7 to 15
+def test_sigkill_and_driver_loss_at_random_moments_on_s3(tmp_path, s3_prefix, s3_options, capsys, request):
+    """The driver's machine is lost with the job: after 4 of the 10 kills its state directory goes too, and the
+    restart rebuilds the sink's state from the durable home in the log store on S3. (Seed 21 loses it after
+    kills 1, 2 and 4, and after kill 10, which leaves a paused file writer: the last run, on a rebuilt state,
+    must fence it.)"""
+    report = _driver_loss_campaign(
+        tmp_path, s3_prefix, s3_options, seed=21, kills=10, state_losses=4, inputs=40, zombie_every=5
+    )
+    _report(report, capsys, request)
+
+
+def _refused(proc: subprocess.Popen[str], what: str) -> str:
+    """Wait for a run that must fail because its state was lost; return its stderr."""
+    out_text, err = communicate(proc, LINE_TIMEOUT, what)
+    assert proc.returncode != 0, f"{what}: the job exited with 0\n{out_text[-3000:]}\n{err[-3000:]}"
+    assert "StateLostError" in err and "state this sink had was lost" in err, err[-3000:]
+    assert "batch" not in out_text and "done" not in out_text, out_text
+    return err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(720)  # 233 s measured on a 2-core machine under a load of 14 to 18
+def test_lost_state_with_its_local_log_store_is_refused(tmp_path):
+    """With the default log store (under the state directory), losing the state directory loses the rows the
+    log held: the restart must fail loudly (StateLostError), every time, and write nothing; the output keeps
+    what was committed, each row at most once."""
+    expected = _write_input(tmp_path, seed=7, inputs=20)
+    out = str(tmp_path / "out")
+    proc = _start(tmp_path, out, None, 2)
+    wait_for_line(proc, "batch 4\n", LINE_TIMEOUT, "the job's fifth batch", skip=True)
+    time.sleep(random.Random(7).uniform(0.0, 1.0))
+    _kill(proc)
+    assert (tmp_path / "state" / "log").is_dir(), "the log store is under the state directory"
+    committed = parquet_files(out)
+    assert committed, "files were committed before the kill (a roll every 2 epochs)"
+    shutil.rmtree(tmp_path / "state")
+
+    _refused(_start(tmp_path, out, None, 3), "the restart to fail")
+    assert parquet_files(out) == committed, "the refused run changed the output"
+    _refused(_start(tmp_path, out, None, 1), "the second restart to fail")
+    assert parquet_files(out) == committed, "the second refused run changed the output"
+
+    got = read_pyarrow(out)
+    lost, duplicated, unexpected = compare(expected, got)
+    assert (duplicated, unexpected) == (0, 0), f"{duplicated} rows duplicated, {unexpected} unexpected"
+    assert sum(got.values()) > 0, f"no rows in the output ({lost} of {sum(expected.values())} lost)"
+    assert stray_objects(out, None) == []
 
 
 CHAOS_SEEDS = range(100, 120)

@@ -2,7 +2,9 @@
 
 Usage: python sink_job.py INPUT OUTPUT STATE CHECKPOINT PARALLELISM
 
-OUTPUT may be an s3:// URL; its storage options then come from the SINK_JOB_S3 variable (JSON).
+OUTPUT may be an s3:// URL; its storage options then come from the SINK_JOB_S3 variable (JSON). The log
+store is at the location the SINK_JOB_LOG_STORE variable names (a directory or an s3:// URL, with the same
+storage options); without it, under STATE.
 
 Reads the Parquet files of INPUT one per micro-batch (available-now), writes them through the sink, flushes
 and prints ``done``. Killed at any moment, it is simply started again.
@@ -24,8 +26,9 @@ FAST_START = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+Use
 
 def main() -> None:
     source, output, state, checkpoint, parallelism = sys.argv[1:6]
+    log_store = os.environ.get("SINK_JOB_LOG_STORE") or None
     spark = local_spark("filesink-kill-test", conf=FAST_START)
-    run(spark, source, output, state, checkpoint, int(parallelism))
+    run(spark, source, output, state, checkpoint, int(parallelism), log_store)
 
 
 def run(
