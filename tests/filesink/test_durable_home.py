@@ -6,12 +6,16 @@ delete anything.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import SUPPORT, communicate, kill, support_env, wait_for_line
 from sink_helpers import append_epoch, batch_rows, input_file, parquet_files, read_pyarrow, run_query
 
 from filesink import ExactlyOnceParquetSink, FencedError, Rollover
@@ -187,3 +191,43 @@ def test_a_sink_from_before_the_durable_home_makes_its_state_durable_at_its_next
     rebuilt.flush()
     assert read_pyarrow(rebuilt.path, home[2]) == expected
     rebuilt.close()
+
+
+def test_two_driver_processes_on_one_durable_home(tmp_path, home):
+    """Split brain with two processes: the older driver (a subprocess, never stopped) cannot seal, pre-commit,
+    commit or delete once the newer one started; the newer one's output is exact."""
+    out, log, options = home
+    env = support_env(SPLIT_BRAIN_S3=json.dumps(options or {}))
+    old = subprocess.Popen(
+        [sys.executable, str(SUPPORT / "split_brain_job.py"), out, log, str(tmp_path / "state-old")],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_line(old, "ready\n", 240, "the older driver to seal epochs 0 and 1")
+        new = _open(tmp_path, home, "state-new")
+        assert new.log_store.rebuilt and new.log_store.last_sealed_epoch == 1
+        segments = sorted(n for n, _ in new.log_store.storage.list_files() if n.endswith(".seg"))
+        assert old.stdin is not None
+        old.stdin.write("go\n")
+        old.stdin.flush()
+        lines, err = communicate(old, 240, "the older driver's attempts")
+    finally:
+        kill(old, group=True)
+    assert old.returncode == 0, err[-3000:]
+    assert lines.split("\n")[:5] == ["seal: fenced", "pre-commit: fenced", "commit: fenced", "sweep: fenced", "end"]
+    kept = sorted(n for n, _ in new.log_store.storage.list_files() if n.endswith(".seg"))
+    assert [n for n in segments if n not in kept] == [], "the older driver deleted none of the segments"
+    assert parquet_files(out, options) == [], "the older driver wrote no file"
+
+    expected = Counter(batch_rows(0, 100, seed=5)) + Counter(batch_rows(1, 100, seed=5))
+    rows = batch_rows(2, 100, seed=6)
+    expected.update(rows)
+    append_epoch(new, 2, rows)
+    new.flush()
+    assert read_pyarrow(out, options) == expected
+    new.close()
