@@ -3,7 +3,7 @@ and without it, and how many objects it keeps as the history grows.
 
 Not a test (pytest does not collect it). Run from the repository root::
 
-    python tests/benchmarks/bench_home.py            # 5 rounds of 2 epoch sizes, a 10,000-epoch count: ~40 min
+    python tests/benchmarks/bench_home.py            # 4 rounds of 2 epoch sizes, a 10,000-epoch count: ~40 min
     python tests/benchmarks/bench_home.py --quick    # 1 round, a 1,000-epoch count: a smoke run, ~5 min
 
 The sink is :class:`ExactlyOnceParquetSink` driven without Spark (as ``bench_sinks_direct.py`` does): its append
@@ -23,8 +23,9 @@ Two variants run side by side, on fresh locations in each round:
   publish and check ``writers/term`` (that fencing is older than the home), so this is the sink without what
   the durable home added. The substitution is done in this script only.
 
-In a round both sinks take the same epochs, epoch by epoch, one right after the other, the first alternating,
-so that a change in the machine's load hits both. Throughput is rows over the summed time of the epochs
+In a round both sinks take the same epochs, epoch by epoch, one right after the other, the first alternating
+(from epoch to epoch, and from one epoch that writes files to the next), so that a change in the machine's load
+hits both; the round after starts with the other variant. Throughput is rows over the summed time of the epochs
 (``sink(batch, epoch)``); the ratio is home / no home per round, and its median over the rounds is reported.
 
 S3 requests are counted by wrapping aiobotocore's ``_make_api_call`` (every call s3fs makes, paginated listings
@@ -356,11 +357,12 @@ class Variant:
 
 def run_round(settings: S3Settings, work: Path, batches: list[Batch], epochs: int, home_first: bool) -> list[Run]:
     """Both variants side by side at fresh locations: epoch by epoch, each epoch done by one variant and then
-    the other, which goes first alternating (``home_first``: the home at even epochs). Returns [home, no home]."""
+    the other, which goes first alternating (``home_first``: the home at epoch 0). Returns [home, no home]."""
     variants = {home: Variant(home, Locations(settings, work)) for home in (home_first, not home_first)}
     try:
         for epoch in range(epochs):
-            first = home_first if epoch % 2 == 0 else not home_first
+            # The first alternates from epoch to epoch, and also from one epoch that writes files to the next.
+            first = home_first != ((epoch + epoch // MAX_EPOCHS) % 2 == 1)
             for home in (first, not first):
                 variants[home].epoch(batches[epoch % len(batches)], epoch)
     finally:
@@ -583,7 +585,7 @@ def s3_server(work: Path) -> Iterator[S3Settings]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="What the durable home costs, with the log store on S3.")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round, short runs, short counts")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of both variants per epoch size (default 5)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of both variants per epoch size (default 4)")
     parser.add_argument(
         "--epochs", type=int, default=None, help="epochs per variant and round (default 30; 20 above 10,000 rows)"
     )
@@ -597,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", choices=("cost", "count"), action="append", default=[], help="leave a part out")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (1 if args.quick else 5)
+    rounds = args.rounds or (1 if args.quick else 4)
     count_epochs = args.count_epochs or (1_000 if args.quick else 10_000)
     s3_count_epochs = args.s3_count_epochs if args.s3_count_epochs is not None else (120 if args.quick else 200)
     if count_epochs < 100 + SWEEP_WINDOW or 0 < s3_count_epochs < 100 + SWEEP_WINDOW:
