@@ -426,8 +426,9 @@ class FsspecStorage:
         return data
 
     def read_all(self, relpath: str) -> bytes:
+        # start=0: one GET (without a range, s3fs asks for the object's size first: a HEAD per read).
         with self._naming("read", relpath):
-            data: bytes = self.fs.cat_file(self._full(relpath))
+            data: bytes = self.fs.cat_file(self._full(relpath), start=0)
         return data
 
     def list_files(self, prefix: str = "") -> Iterator[tuple[str, int]]:
