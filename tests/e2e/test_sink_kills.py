@@ -4,7 +4,7 @@ another parallelism. After every kill nothing but whole Parquet files of the sin
 the end the output equals the input exactly (lost, duplicated and unexpected rows counted separately).
 With the log store on S3 as well, some kills also lose the state directory (deleted before the restart): the
 sink rebuilds its state from the log store's durable home. With the default log store (under the state
-directory), a lost state is refused (StateLostError), never written over.
+directory), a lost state is refused (the output belongs to the lost sink), never written over.
 Seeded: a failure names its seed, and the same seed replays the same campaign."""
 
 from __future__ import annotations
