@@ -27,11 +27,12 @@ Records are pruned with truncation: the home holds open work and the last sealed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,11 +126,25 @@ class DurableHome:
             ) from e
 
     def write(self, relpath: str, record: Any) -> None:
-        self.storage.put(relpath, json.dumps(record, sort_keys=True).encode())
+        with self._recording(relpath):
+            self.storage.put(relpath, json.dumps(record, sort_keys=True).encode())
 
     def create(self, relpath: str, record: Any) -> bool:
         """Write ``record`` unless ``relpath`` exists (a conditional create where the store has one)."""
-        return self.storage.create(relpath, json.dumps(record, sort_keys=True).encode())
+        with self._recording(relpath):
+            return self.storage.create(relpath, json.dumps(record, sort_keys=True).encode())
+
+    @contextlib.contextmanager
+    def _recording(self, relpath: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:
+            raise type(e)(
+                e.errno,
+                f"cannot record {self.storage.display(relpath)} in the sink's durable home: {e.strerror or e}. "
+                "What it records has not taken effect; fix the cause (free space, permissions, the store) and "
+                "restart the query: recovery goes on from the records that are there.",
+            ) from e
 
     def delete(self, relpath: str) -> None:
         self.storage.delete(relpath)

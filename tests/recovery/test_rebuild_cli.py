@@ -21,7 +21,7 @@ HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
 
 
 @pytest.fixture
-def lost(tmp_path, s3_server, s3_prefix):
+def lost(tmp_path, s3_server, s3_prefix, monkeypatch):
     """A sink on S3 whose run died with two files pre-committed (one visible), then lost its state directory."""
     options = s3_server.storage_options()
     out, log = s3_prefix + "/out", s3_prefix + "/log"
@@ -37,6 +37,7 @@ def lost(tmp_path, s3_server, s3_prefix):
         rows = batch_rows(epoch, 100, seed=4)
         expected.update(rows)
         append_epoch(sink, epoch, rows)
+    monkeypatch.setattr("logstore.failpoints._hits", {})  # count from here: "@2" is this process's 2nd hit
     os.environ[ENV_VAR] = "filesink.write.publish.before=raise@2"
     try:
         with pytest.raises(FailpointError):
