@@ -42,6 +42,16 @@ def _open(tmp_path: Path, home, state: str = "state", **kwargs) -> ExactlyOncePa
     return ExactlyOnceParquetSink(out, tmp_path / state, log_store=log, vnodes=8, storage_options=options, **kwargs)
 
 
+def _seal_epochs(sink: ExactlyOnceParquetSink, epochs: int, rows: int, *, seed: int) -> Counter:
+    """Seal epochs ``0..epochs-1`` of ``rows`` rows each (held in the log store); return every row sealed."""
+    expected: Counter = Counter()
+    for epoch in range(epochs):
+        batch = batch_rows(epoch, rows, seed=seed)
+        expected.update(batch)
+        append_epoch(sink, epoch, batch)
+    return expected
+
+
 def _home_files(sink: ExactlyOnceParquetSink, prefix: str) -> list[str]:
     return sorted(name for name, _ in sink.log_store.storage.list_files(prefix))
 
@@ -79,11 +89,7 @@ def test_files_pending_when_the_state_was_lost_are_resolved_once(tmp_path, home,
     """A rollover dies at ``point`` and the state directory is lost: the rebuilt sink takes the pending files from
     the home and resolves them by visibility; every row ends up in the output exactly once."""
     sink = _open(tmp_path, home)
-    expected: Counter = Counter()
-    for epoch in range(3):
-        rows = batch_rows(epoch, 120, seed=3)
-        expected.update(rows)
-        append_epoch(sink, epoch, rows)
+    expected = _seal_epochs(sink, 3, 120, seed=3)
     os.environ[ENV_VAR] = f"{point}=raise"
     try:
         with pytest.raises(FailpointError):
@@ -172,11 +178,7 @@ def test_a_sink_from_before_the_durable_home_makes_its_state_durable_at_its_next
     """A sink whose log store has no ``home/`` yet (created by an earlier version): its next start writes the
     records of every epoch it holds, so a later loss of its state directory loses nothing."""
     sink = _open(tmp_path, home)
-    expected: Counter = Counter()
-    for epoch in range(3):
-        rows = batch_rows(epoch, 80, seed=8)
-        expected.update(rows)
-        append_epoch(sink, epoch, rows)
+    expected = _seal_epochs(sink, 3, 80, seed=8)
     storage = sink.log_store.storage
     for name, _ in list(storage.list_files("home")):
         storage.delete(name)
