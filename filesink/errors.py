@@ -7,12 +7,16 @@ Each error has the exit code the ``filesink`` command ends with when it stops on
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-from logstore.errors import FencedError, LogStoreError, StateDatabaseError
+from logstore.errors import FencedError, LogStoreError, SegmentError, StateDatabaseError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_NOT_A_SINK, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 """Exit codes of every ``filesink`` command: done, failed, bad usage, a live query holds the sink, not a sink's
 state directory, stopped at once by a second Ctrl-C or SIGTERM."""
+EXIT_DAMAGED = 5
+"""Log segments the sink still needs are missing or damaged: restore them, or give their rows up
+(``filesink recover apply --drop-damaged``)."""
 
 
 def exit_code(error: BaseException) -> int:
@@ -67,6 +71,19 @@ class SinkFailedError(FileSinkError):
     """A write of this sink object failed between pre-commit and commit; only a new sink (recovery) may go on."""
 
 
+class DamagedLogError(FileSinkError, SegmentError):
+    """Log segments the sink still needs are missing or damaged, so their rows cannot be written: the sink (its
+    start and its rolls) and ``filesink recover apply`` stop, before anything is deleted, until the segments are
+    restored or their rows given up (``filesink recover apply --drop-damaged``). ``damaged`` lists them
+    (:class:`logstore.DamagedSegment`)."""
+
+    exit_code = EXIT_DAMAGED
+
+    def __init__(self, message: str, damaged: list[Any]) -> None:
+        super().__init__(message)
+        self.damaged = damaged
+
+
 class CommitConflictError(FileSinkError):
     """A file's state changed under the writer (another writer or recovery got there first)."""
 
@@ -89,6 +106,7 @@ class SparkMasterError(FileSinkError):
 
 __all__ = [
     "COMMAND_ERRORS",
+    "EXIT_DAMAGED",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_LOCKED",
@@ -97,6 +115,7 @@ __all__ = [
     "EXIT_USAGE",
     "CheckpointMismatchError",
     "CommitConflictError",
+    "DamagedLogError",
     "FencedError",
     "FileSinkError",
     "FileWriteError",

@@ -27,6 +27,7 @@ from typing import Any
 from logstore import LogStore, LogStoreError
 from logstore.storage import is_local
 
+from .damage import given_up_line
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
 from .preflight import check_input, check_master, check_s3
 from .progress import Progress, _plural, files_line, held
@@ -327,6 +328,8 @@ def _report_recovery(sink: ExactlyOnceParquetSink, out: Callable[[str], None]) -
             f"{store.location.canonical} (last sealed epoch {store.last_sealed_epoch}, {held.epochs} epochs held, "
             f"{held.rows:,} rows, {len(done.from_home)} pending files)"
         )
+    if sink.given_up:
+        out(given_up_line(sink.given_up))
     if done is None or not done.files:
         return
     actions: dict[str, int] = {}

@@ -36,6 +36,7 @@ from logstore.storage import ensure_dir, is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
 from .backlog import BacklogTracker
+from .damage import check_planned, diagnose, given_up_line
 from .errors import CheckpointMismatchError, SchemaMismatchError, SinkFailedError, SinkOptionError, StateLostError
 from .ledger import Ledger, PlannedFile
 from .lock import StateLock
@@ -428,13 +429,26 @@ class ExactlyOnceParquetSink:
 
     def _roll(self, *, force: bool) -> None:
         failpoint("filesink.plan.before")
-        files, idle = self._plan(force=force)
+        try:
+            files, idle = self._plan(force=force)
+        except Exception as e:  # the size sample reads held rows: a damaged segment stops it
+            damage = diagnose(self._store, e, None, "plan files")
+            if damage is None:
+                raise
+            raise damage from e
         written: dict[str, list[WrittenObject]] = {}
         if files:
+            check_planned(self._store, files)  # a missing segment stops the roll before its pre-commit
             failpoint("filesink.precommit.before")
             self._ledger.precommit(files, self._term)
             failpoint("filesink.precommit.after")
-            written = self._write(files)
+            try:
+                written = self._write(files)
+            except Exception as e:
+                damage = diagnose(self._store, e, files, f"write {len(files)} files")
+                if damage is None:
+                    raise
+                raise damage from e
             failpoint("filesink.write.after")
         sizes = {name: sum(o.size for o in objects) for name, objects in written.items()}
         if files:
@@ -472,6 +486,10 @@ class ExactlyOnceParquetSink:
         assert done.term is not None
         self._term = done.term
         self.recovered = done
+        self.given_up = self._store.given_up()
+        """The damaged segments given up so far (``filesink recover apply --drop-damaged``), said once at start."""
+        if self.given_up:
+            log.warning("sink %s: %s", self._store.sink_id, given_up_line(self.given_up))
         if self._store.rebuilt:
             held = self._store.held_totals()
             log.warning(

@@ -41,14 +41,16 @@ _LAZY = {
     "STATE_DB_NAME": "statedb",
     "connect": "statedb",
     "NOTHING": "store",
+    "DamagedSegment": "store",
     "GarbageReport": "store",
+    "GivenUp": "store",
     "LogStore": "store",
     "VnodeBacklog": "store",
 }
 
 if TYPE_CHECKING:
     from .statedb import STATE_DB_NAME, connect
-    from .store import NOTHING, GarbageReport, LogStore, VnodeBacklog
+    from .store import NOTHING, DamagedSegment, GarbageReport, GivenUp, LogStore, VnodeBacklog
 
 
 def __getattr__(name: str) -> Any:
@@ -65,10 +67,12 @@ __all__ = [
     "STATE_DB_NAME",
     "VNODE_COLUMN",
     "AppendTarget",
+    "DamagedSegment",
     "EpochNotSealedError",
     "EpochOrderError",
     "EpochSealedError",
     "GarbageReport",
+    "GivenUp",
     "InvalidSegmentInputError",
     "LogBatch",
     "LogLocation",

@@ -14,6 +14,13 @@ class LogWriteError(LogStoreError, OSError):
     """A segment file could not be written (disk full, I/O error, ...); its epoch is not sealed."""
 
 
+SEGMENT_WAY_OUT = (
+    "Restore the segment file (the same name and bytes) from a backup, or give its rows up for good with "
+    "`filesink recover apply --drop-damaged` (see `filesink recover status`)"
+)
+"""What to do about a damaged segment: said by every error that stops on one."""
+
+
 class SegmentError(LogStoreError):
     """A sealed segment file cannot be read back as it was written."""
 

@@ -11,7 +11,11 @@ database from the home and recovers as usual. Under ``home/`` in the log store's
   truncate point of a vnode is the highest over these records (each is a fact: a file covering it is visible);
 - ``files/<name>.json``: each pre-committed file, written before any byte of the file, deleted once the
   file is resolved and its truncation is durable (the file sink's ledger owns these);
-- ``sink.json``: the file sink's configuration (output, keys, partitioning, schema, query id).
+- ``sink.json``: the file sink's configuration (output, keys, partitioning, schema, query id);
+- ``given_up/<E>-<segment>.json``: a damaged segment of epoch ``E`` the operator gave up
+  (``filesink recover apply --drop-damaged``): which vnodes' rows of ``E`` it held, how many, and why. Written
+  before the state database drops the segment, never deleted: a rebuild never takes the segment again, and
+  ``filesink recover status`` reports it for the sink's life.
 
 ``writers/term`` holds the term writers and drivers check against (published after the term is taken).
 
@@ -49,6 +53,7 @@ EPOCHS = f"{HOME}/epochs"
 TRUNCATED = f"{HOME}/truncated"
 FILES = f"{HOME}/files"
 SINK_RECORD = f"{HOME}/sink.json"
+GIVEN_UP = f"{HOME}/given_up"
 TERM_FILE = "writers/term"
 """The published writer term, read by file writers (which have no state database) and checked by drivers."""
 TAKE_TERM_ATTEMPTS = 20
@@ -81,6 +86,12 @@ def truncated_path(term: int) -> str:
 
 def file_path(name: str) -> str:
     return f"{FILES}/{name}.json"
+
+
+def given_up_path(epoch: int, segment: str) -> str:
+    """The record of a given-up segment (``<epoch, 20 digits>/<name>.seg``): one per segment."""
+    base = segment.rsplit("/", 1)[-1].removesuffix(".seg")
+    return f"{GIVEN_UP}/{epoch:020d}-{base}.json"
 
 
 @dataclass
@@ -263,6 +274,20 @@ class DurableHome:
 
     def epoch_numbers(self) -> list[int]:
         return sorted(e for e in (_number(p, 20) for p in self.names(EPOCHS)) if e is not None)
+
+    # -- given-up segments ----------------------------------------------------------------------------------
+
+    def given_up(self) -> list[dict[str, Any]]:
+        """Every record of a given-up segment, in epoch and segment order."""
+        found = []
+        for relpath in self.names(GIVEN_UP):
+            record = self.read(relpath) if relpath.endswith(".json") else None
+            if record is not None and "segment" in record:
+                found.append(record)
+        return sorted(found, key=lambda r: (int(r["epoch"]), str(r["segment"])))
+
+    def write_given_up(self, record: Mapping[str, Any]) -> None:
+        self.write(given_up_path(int(record["epoch"]), str(record["segment"])), dict(record))
 
     # -- truncate points -----------------------------------------------------------------------------------
 

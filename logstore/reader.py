@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pyarrow as pa
 
 from . import segment
-from .errors import SegmentCorruptError, SegmentMissingError
+from .errors import SEGMENT_WAY_OUT, SegmentCorruptError, SegmentMissingError
 from .segment import Block, describe_vnodes
 from .storage import Storage
 
@@ -51,16 +51,16 @@ def read_plan(storage: Storage, plan: Iterable[ReadItem]) -> Iterator[LogBatch]:
                 data = storage.read_range(item.segment, block.offset, block.length)
             except FileNotFoundError as e:
                 raise SegmentMissingError(
-                    f"{_where(storage, item)}: the segment file of a sealed epoch is missing"
+                    f"{_where(storage, item)}: the segment file of a sealed epoch is missing. {SEGMENT_WAY_OUT}."
                 ) from e
             problem = segment.block_problem(data, block)
             if problem:
-                raise SegmentCorruptError(f"segment {_where(storage, item)}: {problem}")
+                raise SegmentCorruptError(f"segment {_where(storage, item)}: {problem}. {SEGMENT_WAY_OUT}.")
             try:
                 batch = segment.decode_block(data, schema)
             except (pa.ArrowInvalid, OSError) as e:
                 raise SegmentCorruptError(
-                    f"segment {_where(storage, item)}: block at offset {block.offset}: {e}"
+                    f"segment {_where(storage, item)}: block at offset {block.offset}: {e}. {SEGMENT_WAY_OUT}."
                 ) from e
             yield LogBatch(item.vnode, item.epoch, item.segment, batch)
 

@@ -71,6 +71,26 @@ def _initial(db: sqlite_utils.Database) -> None:
     )
 
 
+@migrations(name="0002_given_up")
+def _given_up(db: sqlite_utils.Database) -> None:
+    """What the operator gave up of damaged segments (``filesink recover apply --drop-damaged``): one row per
+    (segment, vnode), kept for the sink's life."""
+    db.executescript(
+        """
+        CREATE TABLE log_given_up (
+            segment TEXT NOT NULL,
+            vnode INTEGER NOT NULL,
+            epoch INTEGER NOT NULL,
+            rows INTEGER NOT NULL,
+            problem TEXT NOT NULL,
+            term INTEGER NOT NULL,
+            given_up_at REAL NOT NULL,
+            PRIMARY KEY (segment, vnode)
+        ) WITHOUT ROWID;
+        """
+    )
+
+
 def connect(path: str | Path) -> sqlite_utils.Database:
     """Open (creating if needed) a state database with the durability settings every writer relies on.
 

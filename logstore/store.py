@@ -15,7 +15,7 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -132,8 +132,37 @@ class DamagedSegment(NamedTuple):
     name: str
     epoch: int
     vnodes: list[int]
-    """The vnodes whose data the segment holds: their data of this epoch cannot be read."""
+    """The vnodes the sink still needs the segment for (above their truncate points): their data of this epoch
+    in it cannot be read."""
     error: SegmentError
+    rows: int = 0
+    """The rows the segment holds for those vnodes."""
+
+
+class GivenUp(NamedTuple):
+    """A damaged segment the operator gave up (:meth:`LogStore.give_up`): its rows of ``vnodes`` for ``epoch``
+    are not written to the output."""
+
+    segment: str
+    epoch: int
+    vnodes: list[int]
+    rows: int
+    problem: str
+    term: int
+    given_up_at: float
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> GivenUp:
+        pairs = [(int(v), int(n)) for v, n in record.get("vnodes", [])]
+        return cls(
+            str(record["segment"]),
+            int(record["epoch"]),
+            [v for v, _ in pairs],
+            sum(n for _, n in pairs),
+            str(record.get("problem", "")),
+            int(record.get("term", 0)),
+            float(record.get("given_up_at", 0.0)),
+        )
 
 
 @dataclass
@@ -548,6 +577,8 @@ class LogStore:
         With ``adopt`` (a run that took a new term), record the last sealed epoch as the term's base and delete
         epoch records that do not count. Returns what the home held."""
         view = self.home.view()
+        given_up = self.home.given_up()
+        gone = {str(r["segment"]) for r in given_up}
         last = self.last_sealed_epoch
         imported = [r for r in sorted(view.epochs, key=lambda r: int(r["epoch"])) if int(r["epoch"]) > last]
         points = self.truncate_points()
@@ -555,15 +586,32 @@ class LogStore:
         with self.db.atomic():
             for record in imported:
                 epoch = int(record["epoch"])
-                # Segments every vnode of which was released (committed) are deleted, or will be: not imported.
-                held = [d for d in _descriptors(record) if any(durable.get(v, NOTHING) < epoch for v in d.vnodes)]
+                # Segments every vnode of which was released (committed) are deleted, or will be: not imported;
+                # nor are segments the operator gave up (they must never be read again).
+                held = [
+                    d
+                    for d in _descriptors(record)
+                    if d.name not in gone and any(durable.get(v, NOTHING) < epoch for v in d.vnodes)
+                ]
                 self._insert_epoch(epoch, held, float(record.get("sealed_at", time.time())))
+            known = {r[0] for r in self.db.execute("SELECT DISTINCT segment FROM log_given_up")}
+            taken = [r for r in given_up if str(r["segment"]) not in known]
+            for record in taken:  # given up in the home; the database did not record it (a crash, or a rebuild)
+                self._apply_given_up(record)
             if view.base is not None:
                 self.db.execute("UPDATE log_store SET last_sealed_epoch = MAX(last_sealed_epoch, ?)", (view.base,))
             last = self.last_sealed_epoch
             ahead = {v: min(e, last) for v, e in view.truncation.items() if v in points and min(e, last) > points[v]}
             self.db.conn.executemany(
                 "UPDATE log_vnodes SET truncated_epoch = ? WHERE vnode = ?", [(e, v) for v, e in ahead.items()]
+            )
+        if taken:
+            log.warning(
+                "%s: took %d given-up segments from the durable home into %s (%s): they are never read again",
+                self._where,
+                len(taken),
+                self.db_path,
+                ", ".join(str(r["segment"]) for r in taken),
             )
         if imported:
             log.warning(
@@ -702,42 +750,179 @@ class LogStore:
         return describe
 
     @db_errors("verify the held segments")
-    def damaged(self, progress: Callable[[int, int], None] | None = None) -> list[DamagedSegment]:
-        """Read every held segment file whole and check it against its seal record; return the damaged ones.
+    def damaged(
+        self,
+        progress: Callable[[int, int], None] | None = None,
+        *,
+        quick: bool = False,
+        after: Mapping[int, int] | None = None,
+        names: Collection[str] | None = None,
+    ) -> list[DamagedSegment]:
+        """The held segments the sink still needs that are missing or do not match their seal records.
 
-        ``progress(done, total)`` is called after each segment.
+        A segment is needed for the vnodes whose truncate point (or ``after[vnode]``, where that is higher: say,
+        the end epoch of a pending file about to be committed) is below its epoch; a segment needed for none is
+        not checked (garbage collection deletes it). Each segment is read whole and every block's CRC-32 checked;
+        with ``quick`` the log store is only listed and names and sizes compared (that finds missing and
+        truncated files, not changed bytes). ``names`` limits the check to those segments. ``progress(done,
+        total)`` is called after each segment checked.
         """
+        points = self.truncate_points()
+        for vnode, epoch in (after or {}).items():
+            points[vnode] = max(points.get(vnode, NOTHING), epoch)
+        needed: dict[int, list[tuple[int, int]]] = {}
+        for segment_id, vnode, epoch, rows in self.db.execute(
+            """
+            SELECT sv.segment_id, sv.vnode, sv.epoch, sv.rows FROM log_segment_vnodes sv
+            JOIN log_vnodes v ON v.vnode = sv.vnode
+            WHERE sv.epoch > v.truncated_epoch ORDER BY sv.segment_id, sv.vnode
+            """
+        ):
+            if epoch > points.get(vnode, NOTHING):
+                needed.setdefault(segment_id, []).append((vnode, rows))
+        wanted = None if names is None else set(names)
+        segments = [
+            row
+            for row in self.db.execute("SELECT segment_id, name, epoch, size FROM log_segments ORDER BY epoch, name")
+            if row[0] in needed and (wanted is None or row[1] in wanted)
+        ]
+        present = dict(self.storage.list_files()) if quick and segments else {}
         found: list[DamagedSegment] = []
-        rows = self.db.execute("SELECT segment_id, name, epoch, size FROM log_segments ORDER BY epoch, name").fetchall()
-        for i, (segment_id, name, epoch, size) in enumerate(rows, 1):
+        for i, (segment_id, name, epoch, size) in enumerate(segments, 1):
             where = self._describe_segment(segment_id, name, epoch)
             problem: SegmentError | None = None
-            try:
-                data = self.storage.read_all(name)
-            except FileNotFoundError:
-                problem = SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing")
+            if quick:
+                if name not in present:
+                    problem = SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing")
+                elif present[name] != size:
+                    problem = SegmentCorruptError(f"{where()}: {present[name]} bytes, sealed with {size}")
             else:
                 try:
-                    if len(data) != size:
-                        raise SegmentCorruptError(f"{where()}: {len(data)} bytes, sealed with {size}")
-                    segment.parse_file(data, where=where())
-                except SegmentCorruptError as e:
-                    problem = e
+                    data = self.storage.read_all(name)
+                except FileNotFoundError:
+                    problem = SegmentMissingError(f"{where()}: the segment file of a sealed epoch is missing")
+                else:
+                    try:
+                        if len(data) != size:
+                            raise SegmentCorruptError(f"{where()}: {len(data)} bytes, sealed with {size}")
+                        segment.parse_file(data, where=where())
+                    except SegmentCorruptError as e:
+                        problem = e
+                    except (ValueError, KeyError, TypeError) as e:  # a footer that parses but is not ours
+                        problem = SegmentCorruptError(f"{where()}: unreadable footer ({e})")
             if problem is not None:
-                vnodes = [
-                    r[0]
-                    for r in self.db.execute(
-                        "SELECT vnode FROM log_segment_vnodes WHERE segment_id = ? ORDER BY vnode", (segment_id,)
-                    )
-                ]
-                found.append(DamagedSegment(name, epoch, vnodes, problem))
+                vnode_rows = needed[segment_id]
+                found.append(
+                    DamagedSegment(name, epoch, [v for v, _ in vnode_rows], problem, sum(n for _, n in vnode_rows))
+                )
             if progress is not None:
-                progress(i, len(rows))
+                progress(i, len(segments))
         return found
 
     def verify(self) -> list[SegmentError]:
         """Read every held segment file whole and check it against its seal record; return the problems."""
         return [d.error for d in self.damaged()]
+
+    @db_errors("give up damaged segments")
+    def give_up(self, damaged: Iterable[DamagedSegment]) -> list[GivenUp]:
+        """Give up damaged segments for good: their rows of the vnodes they were still needed for are never read
+        (nor written to the output); every other row is kept.
+
+        The record of each is made durable in the home first (``home/given_up/``: a rebuild never takes the
+        segment again), then one transaction records it in ``log_given_up`` and removes the segment from the
+        sealed epoch (so no read plan names it; the file, if any, is garbage for the next sweep). Each step is
+        safe to repeat: a run killed part way is finished by the next start (:meth:`sync_from_home` applies
+        what the home records). Term-checked like a seal."""
+        damaged = list(damaged)
+        if not damaged:
+            return []
+        action = f"give up {len(damaged)} damaged log segments"
+        self.check_term(action)
+        now = time.time()
+        records = []
+        for d in damaged:
+            rows = dict(
+                self.db.execute(
+                    "SELECT sv.vnode, sv.rows FROM log_segment_vnodes sv JOIN log_segments s "
+                    "ON s.segment_id = sv.segment_id WHERE s.name = ?",
+                    (d.name,),
+                ).fetchall()
+            )
+            records.append(
+                {
+                    "segment": d.name,
+                    "epoch": d.epoch,
+                    "vnodes": [[v, int(rows.get(v, 0))] for v in d.vnodes],
+                    "problem": str(d.error),
+                    "term": self.term or 0,
+                    "given_up_at": now,
+                }
+            )
+        for record in records:
+            self.home.write_given_up(record)
+        failpoint("logstore.give_up.home_written")
+        self.check_term(action)
+        with self.db.atomic():
+            for record in records:
+                self._apply_given_up(record)
+            failpoint("logstore.give_up.before_commit")
+        given = [GivenUp.from_record(r) for r in records]
+        for g in given:
+            log.warning(
+                "%s: gave up the damaged segment %s (epoch %d): its %d rows of vnodes %s are not written to the "
+                "output (%s)",
+                self._where,
+                self.storage.display(g.segment),
+                g.epoch,
+                g.rows,
+                describe_vnodes(g.vnodes),
+                g.problem,
+            )
+        return given
+
+    def _apply_given_up(self, record: Mapping[str, Any]) -> None:
+        """In the caller's transaction: record a given-up segment and remove it from its sealed epoch."""
+        name = str(record["segment"])
+        self.db.conn.executemany(
+            "INSERT OR IGNORE INTO log_given_up (segment, vnode, epoch, rows, problem, term, given_up_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    name,
+                    int(v),
+                    int(record["epoch"]),
+                    int(n),
+                    str(record.get("problem", "")),
+                    int(record.get("term", 0)),
+                    float(record.get("given_up_at", 0.0)),
+                )
+                for v, n in record.get("vnodes", [])
+            ],
+        )
+        ids = [r[0] for r in self.db.execute("SELECT segment_id FROM log_segments WHERE name = ?", (name,))]
+        for segment_id in ids:
+            self.db.execute("DELETE FROM log_segment_vnodes WHERE segment_id = ?", (segment_id,))
+            self.db.execute("DELETE FROM log_segments WHERE segment_id = ?", (segment_id,))
+
+    @db_errors("list the given-up segments")
+    def given_up(self) -> list[GivenUp]:
+        """Every segment given up so far: what the state database records, and what the durable home records
+        that it does not yet (a run killed between the two; the next start takes it)."""
+        found: dict[str, GivenUp] = {}
+        if "log_given_up" in self.db.table_names():
+            for segment_name, epoch, vnode, rows, problem, term, at in self.db.execute(
+                "SELECT segment, epoch, vnode, rows, problem, term, given_up_at FROM log_given_up "
+                "ORDER BY epoch, segment, vnode"
+            ):
+                g = found.get(segment_name)
+                if g is None:
+                    found[segment_name] = GivenUp(segment_name, epoch, [vnode], rows, problem, term, at)
+                else:
+                    found[segment_name] = g._replace(vnodes=[*g.vnodes, vnode], rows=g.rows + rows)
+        for record in self.home.given_up():
+            g = GivenUp.from_record(record)
+            found.setdefault(g.segment, g)
+        return sorted(found.values(), key=lambda g: (g.epoch, g.segment))
 
     # -- truncate and garbage collection -------------------------------------------------------------
 

@@ -7,7 +7,7 @@ state database (``--log-store URL``, the state directory lost), the state is reb
 memory for ``status`` and ``plan``, into the state directory (if one is given) for ``apply``.
 
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
-state directory.
+state directory, 5 damaged log segments block the sink (``apply`` without ``--drop-damaged``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from filesink.lock import StateLock, lock_holder
 from filesink.output import OutputLocation
 from filesink.planner import file_task, writer_ranges
 from filesink.writer import FileTask
-from logstore import LogLocation, LogStore, NoLogStoreError
+from logstore import DamagedSegment, GivenUp, LogLocation, LogStore, NoLogStoreError
 from logstore.statedb import STATE_DB_NAME
 from logstore.storage import is_local
 
@@ -178,10 +178,9 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
     }
     if verify:
         damaged = store.damaged(progress=None if quiet else _verify_progress)
-        result["damaged_segments"] = [
-            {"segment": d.name, "epoch": d.epoch, "vnodes": d.vnodes, "problem": str(d.error)} for d in damaged
-        ]
+        result["damaged_segments"] = [_damaged_json(d) for d in damaged]
         result["damaged_vnodes"] = sorted({v for d in damaged for v in d.vnodes})
+    result["given_up"] = [_given_up_json(g) for g in store.given_up()]
     if parallelism is not None:
         by_vnode = {b.vnode: b for b in backlog}
         result["writers"] = [
@@ -194,6 +193,22 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
             for i, r in enumerate(writer_ranges(store.vnodes, parallelism))
         ]
     return result
+
+
+def _damaged_json(d: DamagedSegment) -> dict[str, Any]:
+    return {"segment": d.name, "epoch": d.epoch, "vnodes": d.vnodes, "rows": d.rows, "problem": str(d.error)}
+
+
+def _given_up_json(g: GivenUp) -> dict[str, Any]:
+    return {
+        "segment": g.segment,
+        "epoch": g.epoch,
+        "vnodes": g.vnodes,
+        "rows": g.rows,
+        "problem": g.problem,
+        "term": g.term,
+        "given_up_at": g.given_up_at,
+    }
 
 
 def _plan_json(plan: RecoveryPlan) -> dict[str, Any]:
@@ -222,6 +237,8 @@ def _plan_json(plan: RecoveryPlan) -> dict[str, Any]:
             "log_temp_files": g.temp_files,
             "bytes": g.bytes_freed,
         },
+        "damaged_segments": [_damaged_json(d) for d in plan.damaged],
+        "given_up": [_given_up_json(g) for g in plan.given_up],
         "nothing_to_do": plan.empty,
     }
 
@@ -263,12 +280,10 @@ def _print_status(s: dict[str, Any]) -> None:
                     [(d["segment"], d["epoch"], _ranges(d["vnodes"]), d["problem"]) for d in damaged],
                 )
             )
-            print(
-                "These vnodes' data of those epochs is lost from the log store: restore the segment files from a "
-                "backup, or re-run the input of those epochs into a new sink."
-            )
+            print(DAMAGE_WAY_OUT)
         else:
             print("\nlog segments: all verified")
+    _print_given_up(s["given_up"], "given up so far")
     files = s["pending_files"]
     print(f"\npending files: {len(files)}")
     if files:
@@ -278,6 +293,45 @@ def _print_status(s: dict[str, Any]) -> None:
                 [(f["name"], f"{f['vnodes'][0]}-{f['vnodes'][1]}", f["end_epoch"], f["rows"]) for f in files],
             )
         )
+
+
+DAMAGE_WAY_OUT = (
+    "The sink cannot write these rows, nor anything after them for these vnodes, so it stops at start and `recover "
+    "apply` exits 5. Either restore each segment file (the same name and bytes) from a backup; or stop the query and "
+    "give exactly these rows up for good with `filesink recover apply --drop-damaged`, which writes every other row "
+    "and records what it gave up."
+)
+
+
+def _print_damaged(damaged: list[dict[str, Any]], done: bool) -> None:
+    if not damaged:
+        return
+    rows = sum(d["rows"] for d in damaged)
+    print(f"\nDAMAGED log segments the sink still needs: {len(damaged)} ({rows:,} rows)")
+    print(
+        _table(
+            ["segment", "epoch", "vnodes", "rows", "problem"],
+            [(d["segment"], d["epoch"], _ranges(d["vnodes"]), f"{d['rows']:,}", d["problem"]) for d in damaged],
+        )
+    )
+    if not done:
+        print(DAMAGE_WAY_OUT)
+
+
+def _print_given_up(given: list[dict[str, Any]], what: str) -> None:
+    if not given:
+        return
+    rows = sum(g["rows"] for g in given)
+    print(f"\ndamaged log segments {what} (`--drop-damaged`): {len(given)}; {rows:,} rows not in the output")
+    print(
+        _table(
+            ["segment", "epoch", "vnodes", "rows", "term", "problem"],
+            [
+                (g["segment"], g["epoch"], _ranges(g["vnodes"]), f"{g['rows']:,}", g["term"], g["problem"])
+                for g in given
+            ],
+        )
+    )
 
 
 def _print_plan(p: dict[str, Any], done: bool) -> None:
@@ -313,6 +367,9 @@ def _print_plan(p: dict[str, Any], done: bool) -> None:
             f"writer term is now {p['writer_term']}; fenced {p['fenced']} staging directories or uploads of "
             "earlier writers"
         )
+        _print_given_up(p["given_up"], "given up now")
+    else:
+        _print_damaged(p["damaged_segments"], done)
     if p["nothing_to_do"]:
         print("nothing to do")
 
@@ -342,8 +399,17 @@ def run_recover(args: argparse.Namespace) -> int:
             print(json.dumps(result, indent=2)) if args.json else _print_status(result)
             return EXIT_OK
         partitioned = bool(sink.config["partition_by"])
+        verify = not args.no_verify
         if args.command == "plan":
-            out = _plan_json(plan_recovery(sink.store, sink.ledger, sink.output, partitioned=partitioned))
+            planned = plan_recovery(
+                sink.store,
+                sink.ledger,
+                sink.output,
+                partitioned=partitioned,
+                verify=verify,
+                progress=None if args.json else _verify_progress,
+            )
+            out = _plan_json(planned)
             print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=False)
             return EXIT_OK
         lock = StateLock(state_dir) if state_dir is not None else None
@@ -355,6 +421,9 @@ def run_recover(args: argparse.Namespace) -> int:
                 partitioned=partitioned,
                 file_task=sink.file_task,
                 progress=None if args.json else _progress,
+                verify=verify,
+                drop_damaged=args.drop_damaged,
+                verify_progress=None if args.json else _verify_progress,
             )
         finally:
             if lock is not None:
@@ -368,7 +437,7 @@ def run_recover(args: argparse.Namespace) -> int:
 
 DESCRIPTION = (
     "Inspect and resolve a sink's state. Exit codes: 0 done or nothing to do, 1 failed, 2 bad usage, 3 a live "
-    "query holds the sink, 4 not a sink's state directory."
+    "query holds the sink, 4 not a sink's state directory, 5 damaged log segments block the sink."
 )
 
 
@@ -408,6 +477,7 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
             "standard AWS environment variables or profile, never from flags",
         )
         step.add_argument("--region", metavar="NAME", help="S3 region name")
+        add_damage_options(step, name)
         if name == "status":
             step.add_argument(
                 "--parallelism",
@@ -415,11 +485,24 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
                 metavar="N",
                 help="also show the vnode range each of N writers would own, and what it holds",
             )
-            step.add_argument(
-                "--no-verify",
-                action="store_true",
-                help="skip reading every held log segment to check it (faster on a large backlog)",
-            )
+
+
+def add_damage_options(step: argparse.ArgumentParser, name: str) -> None:
+    """``--no-verify`` (every step) and ``apply --drop-damaged``: what the steps do about damaged log segments."""
+    step.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not read every log segment the sink still needs to check it, only list them (faster on a large "
+        "backlog; finds missing and truncated segments, not changed bytes)",
+    )
+    if name == "apply":
+        step.add_argument(
+            "--drop-damaged",
+            action="store_true",
+            help="give up, for good, the rows of the damaged log segments the sink still needs (only those epochs "
+            "and vnodes; every other row is written), record what was given up, and go on; without it, apply "
+            "exits 5 while damaged segments block the sink",
+        )
 
 
 def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

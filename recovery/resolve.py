@@ -8,6 +8,9 @@
    when the database is new: the rebuild), and the durable truncate points;
 2. fence older writers: rename their staging directories away (local), abort their recorded multipart
    uploads (S3); from here on no file's visibility can change behind recovery's back;
+   then look for damaged log segments the sink still needs (:mod:`filesink.damage`): stop with
+   :class:`DamagedLogError` before any file is resolved or anything deleted, or, with ``drop_damaged``, give
+   them up (:meth:`logstore.LogStore.give_up`);
 3. for each pending file, check visibility (objects exist, sizes as their writer recorded) and act:
    visible: commit it and truncate its vnodes to its end epoch; not visible: drop it, so its vnodes rewind
    and the data is written again; partly visible (partitioned), or not what its writer recorded: write it
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from filesink.damage import damaged_error
 from filesink.ledger import Ledger, PlannedFile
 from filesink.output import (
     ObjectRecord,
@@ -43,7 +47,7 @@ from filesink.output import (
     remove_output_garbage,
 )
 from filesink.writer import FileTask, write_file
-from logstore import GarbageReport, LogStore
+from logstore import DamagedSegment, GarbageReport, GivenUp, LogStore
 from logstore.failpoints import failpoint
 
 
@@ -80,12 +84,21 @@ class RecoveryPlan:
     """Pending files the durable home recorded and the state database did not (a rebuild, or a crash)."""
     home_epochs: int = 0
     """Sealed epochs the durable home holds."""
+    damaged: list[DamagedSegment] = field(default_factory=list)
+    """Segments the sink still needs that are missing or damaged (found; with ``drop_damaged``, given up)."""
+    given_up: list[GivenUp] = field(default_factory=list)
+    """Segments this run gave up (``drop_damaged``)."""
 
     @property
     def empty(self) -> bool:
         g = self.log_garbage
         return not (
-            self.files or not self.output_garbage.empty or g.released_segments or g.orphan_segments or g.temp_files
+            self.files
+            or self.damaged
+            or not self.output_garbage.empty
+            or g.released_segments
+            or g.orphan_segments
+            or g.temp_files
         )
 
 
@@ -114,15 +127,37 @@ def _resolution(output: OutputLocation, partitioned: bool, f: PlannedFile, recor
     return Resolution(f, visible, action, mismatched)
 
 
-def plan_recovery(store: LogStore, ledger: Ledger, output: OutputLocation, *, partitioned: bool) -> RecoveryPlan:
+def _committing(resolutions: list[Resolution]) -> dict[int, int]:
+    """Per vnode, the truncate point the files that recovery will commit as they are move it to."""
+    points: dict[int, int] = {}
+    for r in resolutions:
+        if r.action is Action.COMMIT:
+            f = r.file
+            for v in range(f.vnode_lo, f.vnode_hi + 1):
+                points[v] = max(points.get(v, f.end_epoch), f.end_epoch)
+    return points
+
+
+def plan_recovery(
+    store: LogStore,
+    ledger: Ledger,
+    output: OutputLocation,
+    *,
+    partitioned: bool,
+    verify: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> RecoveryPlan:
     """What recovery would do now. Changes nothing (and fences nothing: visibility can still change while
-    writers of the current term run)."""
+    writers of the current term run). With ``verify``, every segment the sink still needs is read whole and
+    checked (``damaged``; ``progress(done, total)`` after each), else only listed."""
     term = ledger.term() + 1
     recorded = _recorded(list(records(store.storage)))
+    files = [_resolution(output, partitioned, f, recorded) for f in ledger.pending()]
     return RecoveryPlan(
-        files=[_resolution(output, partitioned, f, recorded) for f in ledger.pending()],
+        files=files,
         output_garbage=find_output_garbage(output, store.storage, store.sink_id, term),
         log_garbage=store.preview_garbage(unsealed=True),
+        damaged=store.damaged(progress, quick=not verify, after=_committing(files)),
     )
 
 
@@ -134,12 +169,19 @@ def apply_recovery(
     partitioned: bool,
     file_task: Callable[[PlannedFile, int], FileTask],
     progress: Callable[[int, int, Resolution], None] | None = None,
+    verify: bool = False,
+    drop_damaged: bool = False,
+    verify_progress: Callable[[int, int], None] | None = None,
 ) -> RecoveryPlan:
     """Fence older writers, resolve every pending file, then remove garbage; see the module docstring.
 
     Only run while no writer of the sink's current term can run (the caller holds the state directory's
     lock). Returns what was done, with the new writer term; ``file_task(file, term)`` builds the task that
     writes a file again. ``progress(done, total, resolution)`` is called after each file.
+
+    Segments the sink still needs are checked after fencing: listed (missing, truncated), or with ``verify``
+    read whole (``verify_progress(done, total)`` after each). Damage raises :class:`DamagedLogError` before any
+    file is resolved or anything deleted, unless ``drop_damaged``: then the damaged segments are given up.
     """
     term = ledger.new_term()
     failpoint("recovery.term.after")
@@ -155,8 +197,12 @@ def apply_recovery(
     prepare_staging(output, term)
     recorded = _recorded(list(records(store.storage)))
     pending = ledger.pending()
-    for i, f in enumerate(pending, 1):
-        r = _resolution(output, partitioned, f, recorded)
+    resolutions = [_resolution(output, partitioned, f, recorded) for f in pending]
+    done.damaged = store.damaged(verify_progress, quick=not verify, after=_committing(resolutions))
+    if done.damaged and not drop_damaged:
+        raise damaged_error(store, done.damaged, "recover the sink")
+    done.given_up = store.give_up(done.damaged)
+    for i, (f, r) in enumerate(zip(pending, resolutions, strict=True), 1):
         if r.action is Action.DROP:
             ledger.drop(f, term)
         elif r.action is Action.COMMIT:

@@ -20,8 +20,8 @@ def test_connection_is_wal_with_full_sync(tmp_path):
 def test_migrations_apply_once_and_record_themselves(tmp_path):
     store = LogStore.open(tmp_path, vnodes=4)
     applied = [m.name for m in migrations.applied(store.db)]
-    assert applied == ["0001_log_tables"]
-    assert {"log_store", "log_epochs", "log_segments", "log_segment_vnodes", "log_vnodes"} <= set(
+    assert applied == ["0001_log_tables", "0002_given_up"]
+    assert {"log_store", "log_epochs", "log_segments", "log_segment_vnodes", "log_vnodes", "log_given_up"} <= set(
         store.db.table_names()
     )
     store.close()
@@ -42,7 +42,7 @@ def test_other_packages_add_their_own_migration_set(tmp_path):
 
     apply_migrations(store.db, extra, where="test")
     assert "sink_files" in store.db.table_names()
-    assert [m.name for m in migrations.applied(store.db)] == ["0001_log_tables"]
+    assert [m.name for m in migrations.applied(store.db)] == ["0001_log_tables", "0002_given_up"]
     store.close()
 
 

@@ -1,0 +1,106 @@
+"""Damaged log segments as the sink sees them: when it stops, what it says, and the way out.
+
+A sealed segment the sink still needs (one of its vnodes is above its truncate point) can go missing or be
+damaged (truncated, bytes changed). Its rows cannot be written, and nothing after them can be committed for its
+vnodes. The sink stops before it pre-commits or deletes anything, with :class:`DamagedLogError` naming each
+segment, its epoch, its vnodes and its rows, and the two ways out: restore the file, or give its rows up for good
+with ``filesink recover apply --drop-damaged`` (:meth:`logstore.LogStore.give_up`), which writes every other
+row. Checks:
+
+- at start (:func:`recovery.resolve.apply_recovery`): a listing of the log store (missing and truncated files);
+- before each roll's pre-commit (:func:`check_planned`): the same, for the segments the planned files read;
+- when a roll's write (or its size sample) fails on a segment (:func:`diagnose`): the segments read whole, so a
+  changed byte is named too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from logstore import DamagedSegment, GivenUp, LogStore
+from logstore.segment import describe_vnodes
+
+from .errors import DamagedLogError
+from .ledger import PlannedFile
+
+SHOWN = 5
+"""Damaged segments named one by one in a message (the rest are counted)."""
+
+
+def _state_dir(store: LogStore) -> str | None:
+    return None if store.db_path == ":memory:" else str(Path(store.db_path).parent)
+
+
+def damaged_error(
+    store: LogStore, damaged: Sequence[DamagedSegment], doing: str, *, pending: bool = False
+) -> DamagedLogError:
+    """The error a sink or ``recover apply`` stops with when ``damaged`` blocks what it was ``doing``."""
+    rows = sum(d.rows for d in damaged)
+    shown = "; ".join(f"{d.error}" for d in damaged[:SHOWN])
+    more = f"; and {len(damaged) - SHOWN} more (`filesink recover status` lists them)" if len(damaged) > SHOWN else ""
+    state = _state_dir(store)
+    where = f"--state-dir {state}" if state else f"--log-store {store.location.canonical}"
+    after = (
+        "The files this roll pre-committed are not visible; recovery at the next start drops them. " if pending else ""
+    )
+    return DamagedLogError(
+        f"cannot {doing}: {len(damaged)} log segment{'s' if len(damaged) != 1 else ''} of sink {store.sink_id} "
+        f"that the sink still needs {'are' if len(damaged) != 1 else 'is'} missing or damaged, so {rows:,} rows "
+        f"({_slices(damaged)}) cannot be written, nor anything after them for those vnodes: {shown}{more}. "
+        f"Nothing was deleted. {after}Either restore each segment file (the same name and bytes) from a backup "
+        f"and start again; or stop the query and give exactly these rows up for good with `filesink recover apply "
+        f"{where} --drop-damaged`, which writes every other row, records what it gave up (shown by `filesink "
+        "recover status` from then on), and lets the query go on.",
+        list(damaged),
+    )
+
+
+def _slices(damaged: Iterable[DamagedSegment | GivenUp]) -> str:
+    """``epoch 3 vnodes 1, 2; epoch 5 vnodes 7`` (the given-up or damaged (epoch, vnodes) slices)."""
+    by_epoch: dict[int, set[int]] = {}
+    for d in damaged:
+        by_epoch.setdefault(d.epoch, set()).update(d.vnodes)
+    return "; ".join(f"epoch {e} vnodes {describe_vnodes(sorted(v))}" for e, v in sorted(by_epoch.items()))
+
+
+def _segments(store: LogStore, files: Iterable[PlannedFile]) -> set[str]:
+    return {item.segment for f in files for item in store.plan_read(f.after(), f.end_epoch)}
+
+
+def check_planned(store: LogStore, files: Sequence[PlannedFile]) -> None:
+    """Before a roll pre-commits ``files``: raise :class:`DamagedLogError` if a segment they read is missing or
+    not the size it was sealed with (one listing of the log store; changed bytes are found when read)."""
+    if not files:
+        return
+    damaged = store.damaged(quick=True, names=_segments(store, files))
+    if damaged:
+        raise damaged_error(store, damaged, f"write {len(files)} files")
+
+
+def diagnose(
+    store: LogStore, error: BaseException, files: Sequence[PlannedFile] | None, doing: str
+) -> DamagedLogError | None:
+    """After ``error`` stopped a roll: the :class:`DamagedLogError` to raise instead if it came from a damaged
+    segment (the segments ``files`` read, or with None every needed one, are read whole to find which), else
+    None. Failures of the check itself leave ``error`` as it was."""
+    if isinstance(error, DamagedLogError) or "Segment" not in f"{type(error).__name__} {error}":
+        return None
+    try:
+        names = _segments(store, files) if files is not None else None
+        damaged = store.damaged(names=names)
+    except Exception:
+        return None
+    if not damaged:
+        return None
+    return damaged_error(store, damaged, doing, pending=files is not None)
+
+
+def given_up_line(given: Sequence[GivenUp]) -> str:
+    """One line saying what was given up so far (for the sink's log at start and ``filesink run``)."""
+    rows = sum(g.rows for g in given)
+    return (
+        f"{len(given)} damaged log segment{'s' if len(given) != 1 else ''} {'were' if len(given) != 1 else 'was'} "
+        f"given up (`filesink recover apply --drop-damaged`): {rows:,} rows are not in the output ({_slices(given)}); "
+        "`filesink recover status` lists them"
+    )
