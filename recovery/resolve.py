@@ -200,7 +200,7 @@ def apply_recovery(
     resolutions = [_resolution(output, partitioned, f, recorded) for f in pending]
     done.damaged = store.damaged(verify_progress, quick=not verify, after=_committing(resolutions))
     if done.damaged and not drop_damaged:
-        raise damaged_error(store, done.damaged, "recover the sink")
+        raise damaged_error(store, done.damaged, "start or recover the sink")
     done.given_up = store.give_up(done.damaged)
     for i, (f, r) in enumerate(zip(pending, resolutions, strict=True), 1):
         if r.action is Action.DROP:

@@ -15,13 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from helpers import run
-from sink_helpers import COLUMNS, TYPES, batch_rows, parquet_files, read_pyarrow
+from sink_helpers import COLUMNS, STREAM_SCHEMA, TYPES, batch_rows, input_file, parquet_files, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.cli import main
 from filesink.errors import EXIT_DAMAGED, DamagedLogError
 from filesink.ledger import nullable_schema
-from logstore import VNODE_COLUMN, LogLocation, LogStore
+from logstore import VNODE_COLUMN, LogLocation, LogStore, read_plan
 from logstore.failpoints import DIR_VAR, ENV_VAR, fired
 from logstore.home import GIVEN_UP, given_up_path
 
@@ -318,3 +318,116 @@ def test_drop_damaged_killed_half_way_and_run_again_ends_the_same(tmp_path, caps
     sink.flush()
     sink.close()
     assert read_pyarrow(setup.out, setup.options) == everything - victim_rows
+
+
+# -- a real Spark query, end to end -------------------------------------------------------------------------------
+
+
+def _query(spark, sink: ExactlyOnceParquetSink, source: Path, checkpoint: Path) -> None:
+    """An available-now run of a streaming query over ``source``, two files per micro-batch (two tasks, so two
+    segments per epoch)."""
+    stream = spark.readStream.schema(STREAM_SCHEMA).option("maxFilesPerTrigger", 2).parquet(str(source))
+    query = (
+        stream.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(300), "the query did not finish in 300 s"
+    assert query.exception() is None, query.exception()
+
+
+def _segment_rows(store: LogStore, name: str) -> dict[int, Counter]:
+    """Per vnode, the rows a held segment holds (read back through the log store, before it is damaged)."""
+    plan = store.plan_read(store.truncate_points(), store.last_sealed_epoch)
+    rows: dict[int, Counter] = {}
+    for batch in read_plan(store.storage, [item for item in plan if item.segment == name]):
+        d = batch.batch.to_pydict()
+        rows.setdefault(batch.vnode, Counter()).update(zip(*(d[c] for c in COLUMNS), strict=True))
+    return rows
+
+
+def _of(rows: dict[int, Counter], vnodes: list[int]) -> Counter:
+    return sum((rows[v] for v in vnodes), Counter())
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    done = run([sys.executable, "-m", "filesink", *args], 240, " ".join(args[:2]), capture_output=True, text=True)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_spark_query_whose_held_segment_is_lost_resumes_after_drop_damaged_without_exactly_those_rows(
+    spark, tmp_path
+):
+    source, checkpoint, state, out = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "state", tmp_path / "out"
+    expected: Counter = Counter()
+    for i in range(6):  # three micro-batches of two files
+        expected += input_file(source, i, rows=200)
+
+    def open_sink() -> ExactlyOnceParquetSink:  # filesink run's defaults: 256 vnodes, all columns as the key
+        return ExactlyOnceParquetSink(str(out), state, parallelism=2, rollover=HOLD)
+
+    sink = open_sink()
+    _query(spark, sink, source, checkpoint)
+    store = sink.log_store
+    assert store.last_sealed_epoch == 2 and store.held_totals().rows == 1200 and parquet_files(str(out)) == []
+    victim = store.segments(1)[0]
+    assert len(store.segments(1)) == 2, "two tasks, two segments: the victim is part of its epoch"
+    victim_rows = _of(per_vnode := _segment_rows(store, victim), sorted(per_vnode))
+    assert 0 < sum(victim_rows.values()) < 400
+    sink.close()
+    LogLocation(str(state / "log")).open().delete(victim)
+
+    # The sink refuses to start; so does `filesink run` (before Spark starts), and `recover apply` exits 5.
+    with pytest.raises(DamagedLogError, match=rf"{victim} \(epoch 1, vnodes .*missing.*--drop-damaged"):
+        open_sink()
+    run_args = ["run", "--input", str(source), "--output", str(out), "--state-dir", str(state)]
+    run_args += ["--checkpoint", str(checkpoint), "--available-now", "--parallelism", "2"]
+    code, _, err = _cli(*run_args)
+    assert code == EXIT_DAMAGED and victim in err and "--drop-damaged" in err, err
+    code, _, err = _cli("recover", "apply", "--state-dir", str(state))
+    assert code == EXIT_DAMAGED and victim in err and "epoch 1" in err, err
+    code, out_text, err = _cli("recover", "apply", "--state-dir", str(state), "--drop-damaged", "--json")
+    assert code == 0, err
+    [given] = json.loads(out_text)["given_up"]
+    assert given["segment"] == victim and given["epoch"] == 1 and given["rows"] == sum(victim_rows.values())
+
+    # The query resumes with two more micro-batches; then a segment of one of them gets a changed byte: the roll's
+    # Spark write fails on it and the sink names it (not a raw Spark traceback).
+    for i in range(6, 10):
+        expected += input_file(source, i, rows=200)
+    sink = open_sink()
+    assert [g.segment for g in sink.given_up] == [victim]
+    _query(spark, sink, source, checkpoint)
+    assert sink.log_store.last_sealed_epoch == 4
+    second = sink.log_store.segments(3)[1]
+    second_rows = _segment_rows(sink.log_store, second)
+    files = LogLocation(str(state / "log")).open()
+    data = bytearray(files.read_all(second))
+    data[20] ^= 0x01
+    files.put(second, bytes(data))
+    with pytest.raises(DamagedLogError) as stopped:
+        sink.flush()
+    message = str(stopped.value)
+    assert second in message and "epoch 3" in message and "checksum mismatch" in message, message
+    assert "--drop-damaged" in message, message
+    sink.close()
+    code, _, err = _cli("recover", "apply", "--state-dir", str(state))
+    assert code == EXIT_DAMAGED and second in err, err
+    code, _, err = _cli("recover", "apply", "--state-dir", str(state), "--drop-damaged")
+    assert code == 0, err
+
+    code, status, err = _cli("recover", "status", "--state-dir", str(state), "--json")
+    assert code == 0, err
+    first, given = json.loads(status)["given_up"]
+    assert (first["segment"], given["segment"], given["epoch"]) == (victim, second, 3)
+    # Only the vnodes still needed: a file of the failed roll that its other task made visible was committed.
+    second_given = _of(second_rows, given["vnodes"])
+    assert sum(second_given.values()) == given["rows"] > 0
+
+    # `filesink run` says what was given up, and writes every other row exactly once.
+    code, run_out, err = _cli(*run_args)
+    assert code == 0, err
+    assert "2 damaged log segments were given up" in run_out, run_out
+    assert read_pyarrow(str(out)) == expected - victim_rows - second_given
