@@ -28,6 +28,7 @@ from .errors import (
     EpochNotSealedError,
     EpochOrderError,
     EpochSealedError,
+    FencedError,
     LogStoreClaimedError,
     NoLogStoreError,
     SegmentCorruptError,
@@ -38,7 +39,7 @@ from .errors import (
     TruncateOrderError,
 )
 from .failpoints import failpoint
-from .home import CLAIM_FILE, DurableHome, HomeView
+from .home import CLAIM_FILE, DurableHome, HomeView, given_up_path
 from .reader import LogBatch, ReadItem, read_plan
 from .segment import Block, SegmentDescriptor, VnodeRun, describe_vnodes
 from .statedb import (
@@ -861,7 +862,12 @@ class LogStore:
         for record in records:
             self.home.write_given_up(record)
         failpoint("logstore.give_up.home_written")
-        self.check_term(action)
+        try:
+            self.check_term(action)
+        except FencedError:  # a newer run owns the sink: this run's decision does not take effect
+            for d in damaged:
+                self.home.delete(given_up_path(d.epoch, d.name))
+            raise
         with self.db.atomic():
             for record in records:
                 self._apply_given_up(record)

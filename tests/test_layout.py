@@ -29,7 +29,8 @@ DEMO = "filesink.demo"
 OUTPUT = "filesink.output"
 STORAGE_CLIENTS = ("s3fs", "fsspec", "botocore", "aiobotocore")
 LOG_TABLES = re.compile(
-    r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(log_(?:store|epochs|segments|segment_vnodes|vnodes|given_up))\b", re.IGNORECASE
+    r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(log_(?:store|epochs|segments|segment_vnodes|vnodes|given_up))\b",
+    re.IGNORECASE,
 )
 
 

@@ -22,7 +22,7 @@ from filesink.cli import main
 from filesink.errors import EXIT_DAMAGED, DamagedLogError
 from filesink.ledger import nullable_schema
 from logstore import VNODE_COLUMN, LogLocation, LogStore, read_plan
-from logstore.failpoints import DIR_VAR, ENV_VAR, fired
+from logstore.failpoints import DIR_VAR, ENV_VAR, FailpointError, fired
 from logstore.home import GIVEN_UP, given_up_path
 
 HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
@@ -431,3 +431,52 @@ def test_a_spark_query_whose_held_segment_is_lost_resumes_after_drop_damaged_wit
     assert code == 0, err
     assert "2 damaged log segments were given up" in run_out, run_out
     assert read_pyarrow(str(out)) == expected - victim_rows - second_given
+
+
+def test_a_segment_whose_rows_a_visible_pending_file_holds_blocks_nothing(tmp_path, request, monkeypatch):
+    """Only segments the sink still needs count: a file made visible before the crash is committed at the start,
+    so the loss of a segment it was written from stops nothing and gives nothing up."""
+    setup = Setup(tmp_path, "local", request, monkeypatch)
+    everything, _, victim = hold_epochs(setup, epochs=3)
+    sink = setup.open()
+    monkeypatch.setattr("logstore.failpoints._hits", {})
+    monkeypatch.setenv(ENV_VAR, "filesink.commit.before=raise")
+    with pytest.raises(FailpointError, match=r"filesink\.commit\.before"):
+        sink.flush()  # every file is visible, none committed
+    monkeypatch.delenv(ENV_VAR)
+    assert sink.ledger.pending_names()
+    sink.close()
+    storage(setup).delete(victim)
+
+    sink = setup.open()  # recovery commits the visible files: nothing needs the segment any more
+    assert sink.recovered is not None and {r.action.value for r in sink.recovered.files} == {"commit"}
+    assert sink.recovered.damaged == [] and sink.given_up == []
+    sink.close()
+    assert read_pyarrow(setup.out, setup.options) == everything
+
+
+def test_a_run_fenced_while_it_gives_up_leaves_no_record(tmp_path, request, monkeypatch):
+    """A newer run that starts while ``--drop-damaged`` writes its records owns the sink: the fenced run's records
+    are removed and its database is unchanged."""
+    from logstore.errors import FencedError
+
+    setup = Setup(tmp_path, "local", request, monkeypatch)
+    _, _, victim = hold_epochs(setup, epochs=2)
+    storage(setup).delete(victim)
+    store = LogStore.open(setup.state, setup.log)
+    store.term = store.home.published_term()
+    assert store.term is not None
+    damaged = store.damaged(quick=True)
+    assert [d.name for d in damaged] == [victim]
+    write = store.home.write_given_up
+
+    def write_then_newer_run_starts(record):
+        write(record)
+        store.home.publish_term(store.term + 1)
+
+    monkeypatch.setattr(store.home, "write_given_up", write_then_newer_run_starts)
+    with pytest.raises(FencedError):
+        store.give_up(damaged)
+    assert list(store.home.storage.list_files(GIVEN_UP)) == []
+    assert store.given_up() == [] and victim in store.segments(1)
+    store.close()
