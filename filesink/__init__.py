@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     CheckpointMismatchError,
     CommitConflictError,
+    DamagedLogError,
     FencedError,
     FileSinkError,
     FileWriteError,
@@ -48,6 +49,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CheckpointMismatchError",
     "CommitConflictError",
+    "DamagedLogError",
     "ExactlyOnceParquetSink",
     "FencedError",
     "FileSinkError",
