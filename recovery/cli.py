@@ -276,8 +276,8 @@ def _print_status(s: dict[str, Any]) -> None:
             print(f"\nDAMAGED log segments: {len(damaged)}; vnodes whose data cannot be read: {vnodes}")
             print(
                 _table(
-                    ["segment", "epoch", "vnodes", "problem"],
-                    [(d["segment"], d["epoch"], _ranges(d["vnodes"]), d["problem"]) for d in damaged],
+                    ["segment", "epoch", "vnodes", "rows", "problem"],
+                    [(d["segment"], d["epoch"], _ranges(d["vnodes"]), f"{d['rows']:,}", d["problem"]) for d in damaged],
                 )
             )
             print(DAMAGE_WAY_OUT)
@@ -485,16 +485,23 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
                 metavar="N",
                 help="also show the vnode range each of N writers would own, and what it holds",
             )
+            step.add_argument(
+                "--no-verify",
+                action="store_true",
+                help="skip reading every held log segment to check it (faster on a large backlog)",
+            )
 
 
 def add_damage_options(step: argparse.ArgumentParser, name: str) -> None:
-    """``--no-verify`` (every step) and ``apply --drop-damaged``: what the steps do about damaged log segments."""
-    step.add_argument(
-        "--no-verify",
-        action="store_true",
-        help="do not read every log segment the sink still needs to check it, only list them (faster on a large "
-        "backlog; finds missing and truncated segments, not changed bytes)",
-    )
+    """``plan|apply --no-verify`` and ``apply --drop-damaged``: what the steps do about damaged log segments
+    (``status --no-verify`` is with the other status options)."""
+    if name in ("plan", "apply"):
+        step.add_argument(
+            "--no-verify",
+            action="store_true",
+            help="do not read every log segment the sink still needs to check it, only list them (faster on a "
+            "large backlog; finds missing and truncated segments, not changed bytes)",
+        )
     if name == "apply":
         step.add_argument(
             "--drop-damaged",
