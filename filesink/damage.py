@@ -64,16 +64,14 @@ def _slices(damaged: Iterable[DamagedSegment | GivenUp]) -> str:
     return "; ".join(f"epoch {e} vnodes {describe_vnodes(sorted(v))}" for e, v in sorted(by_epoch.items()))
 
 
-def _segments(store: LogStore, files: Iterable[PlannedFile]) -> set[str]:
-    return {item.segment for f in files for item in store.plan_read(f.after(), f.end_epoch)}
-
-
 def check_planned(store: LogStore, files: Sequence[PlannedFile]) -> None:
-    """Before a roll pre-commits ``files``: raise :class:`DamagedLogError` if a segment they read is missing or
-    not the size it was sealed with (one listing of the log store; changed bytes are found when read)."""
+    """Before a roll pre-commits ``files``: raise :class:`DamagedLogError` if a segment the sink still needs, up to
+    the files' last epoch, is missing or not the size it was sealed with (one query and one listing of the log
+    store; changed bytes are found when read). That covers the segments the files read, and those of other
+    writers' vnodes up to that epoch, which would stop a later roll anyway."""
     if not files:
         return
-    damaged = store.damaged(quick=True, names=_segments(store, files))
+    damaged = store.damaged(quick=True, up_to=max(f.end_epoch for f in files))
     if damaged:
         raise damaged_error(store, damaged, f"write {len(files)} files")
 
@@ -82,13 +80,12 @@ def diagnose(
     store: LogStore, error: BaseException, files: Sequence[PlannedFile] | None, doing: str
 ) -> DamagedLogError | None:
     """After ``error`` stopped a roll: the :class:`DamagedLogError` to raise instead if it came from a damaged
-    segment (the segments ``files`` read, or with None every needed one, are read whole to find which), else
-    None. Failures of the check itself leave ``error`` as it was."""
+    segment (the needed segments up to the last epoch of ``files``, or with None all of them, are read whole to
+    find which), else None. Failures of the check itself leave ``error`` as it was."""
     if isinstance(error, DamagedLogError) or "Segment" not in f"{type(error).__name__} {error}":
         return None
     try:
-        names = _segments(store, files) if files is not None else None
-        damaged = store.damaged(names=names)
+        damaged = store.damaged(up_to=max(f.end_epoch for f in files) if files else None)
     except Exception:
         return None
     if not damaged:

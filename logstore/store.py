@@ -15,7 +15,7 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -757,7 +757,7 @@ class LogStore:
         *,
         quick: bool = False,
         after: Mapping[int, int] | None = None,
-        names: Collection[str] | None = None,
+        up_to: int | None = None,
     ) -> list[DamagedSegment]:
         """The held segments the sink still needs that are missing or do not match their seal records.
 
@@ -765,28 +765,35 @@ class LogStore:
         the end epoch of a pending file about to be committed) is below its epoch; a segment needed for none is
         not checked (garbage collection deletes it). Each segment is read whole and every block's CRC-32 checked;
         with ``quick`` the log store is only listed and names and sizes compared (that finds missing and
-        truncated files, not changed bytes). ``names`` limits the check to those segments. ``progress(done,
-        total)`` is called after each segment checked.
+        truncated files, not changed bytes). ``up_to`` limits the check to segments of epochs up to it.
+        ``progress(done, total)`` is called after each segment checked.
         """
         points = self.truncate_points()
         for vnode, epoch in (after or {}).items():
             points[vnode] = max(points.get(vnode, NOTHING), epoch)
-        needed: dict[int, list[tuple[int, int]]] = {}
-        for segment_id, vnode, epoch, rows in self.db.execute(
+        candidates = self.db.execute(
             """
-            SELECT sv.segment_id, sv.vnode, sv.epoch, sv.rows FROM log_segment_vnodes sv
-            JOIN log_vnodes v ON v.vnode = sv.vnode
-            WHERE sv.epoch > v.truncated_epoch ORDER BY sv.segment_id, sv.vnode
-            """
-        ):
-            if epoch > points.get(vnode, NOTHING):
-                needed.setdefault(segment_id, []).append((vnode, rows))
-        wanted = None if names is None else set(names)
-        segments = [
-            row
-            for row in self.db.execute("SELECT segment_id, name, epoch, size FROM log_segments ORDER BY epoch, name")
-            if row[0] in needed and (wanted is None or row[1] in wanted)
-        ]
+            SELECT s.segment_id, s.name, s.epoch, s.size FROM log_segments s
+            WHERE s.epoch <= ? AND EXISTS (
+                SELECT 1 FROM log_segment_vnodes sv JOIN log_vnodes v ON v.vnode = sv.vnode
+                WHERE sv.segment_id = s.segment_id AND sv.epoch > v.truncated_epoch)
+            ORDER BY s.epoch, s.name
+            """,
+            (self.last_sealed_epoch if up_to is None else up_to,),
+        ).fetchall()
+
+        def needed(segment_id: int) -> list[tuple[int, int]]:
+            """The segment's (vnode, rows) for the vnodes that still need it."""
+            return [
+                (vnode, rows)
+                for vnode, epoch, rows in self.db.execute(
+                    "SELECT vnode, epoch, rows FROM log_segment_vnodes WHERE segment_id = ? ORDER BY vnode",
+                    (segment_id,),
+                )
+                if epoch > points.get(vnode, NOTHING)
+            ]
+
+        segments = [row for row in candidates if needed(row[0])] if after else candidates
         present = dict(self.storage.list_files()) if quick and segments else {}
         found: list[DamagedSegment] = []
         for i, (segment_id, name, epoch, size) in enumerate(segments, 1):
@@ -812,7 +819,7 @@ class LogStore:
                     except (ValueError, KeyError, TypeError) as e:  # a footer that parses but is not ours
                         problem = SegmentCorruptError(f"{where()}: unreadable footer ({e})")
             if problem is not None:
-                vnode_rows = needed[segment_id]
+                vnode_rows = needed(segment_id)
                 found.append(
                     DamagedSegment(name, epoch, [v for v, _ in vnode_rows], problem, sum(n for _, n in vnode_rows))
                 )
