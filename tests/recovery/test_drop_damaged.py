@@ -480,3 +480,30 @@ def test_a_run_fenced_while_it_gives_up_leaves_no_record(tmp_path, request, monk
     assert list(store.home.storage.list_files(GIVEN_UP)) == []
     assert store.given_up() == [] and victim in store.segments(1)
     store.close()
+
+
+def test_a_truncated_segment_stops_the_start_and_a_damaged_footer_stops_nothing(tmp_path, capsys, request, monkeypatch):
+    """What counts is what a read checks: the size and the CRC-32 of each block the seal recorded. A truncated file
+    is found by the start's listing; a changed byte in another file's footer (never read: the seal recorded its
+    blocks) gives up nothing, and its rows are written."""
+    setup = Setup(tmp_path, "local", request, monkeypatch)
+    everything, victim_rows, victim = hold_epochs(setup)
+    store = LogStore.open_existing(setup.state, readonly=True)
+    [footer_victim] = [n for n in store.segments(2) if n.rsplit("/", 1)[1].startswith("w1-")]
+    store.close()
+    files = storage(setup)
+    data = files.read_all(victim)
+    files.put(victim, data[: len(data) // 2])
+    _flip(files, footer_victim, len(files.read_all(footer_victim)) - 20)
+
+    with pytest.raises(DamagedLogError, match=rf"{victim} \(epoch 1, vnodes 1, 2\): \d+ bytes, sealed with \d+"):
+        setup.open()
+    code, out, _ = setup.recover(capsys, "status", *_state(setup), "--json")
+    assert code == 0 and [d["segment"] for d in json.loads(out)["damaged_segments"]] == [victim]
+    code, out, err = setup.recover(capsys, "apply", *_state(setup), "--drop-damaged", "--json")
+    assert code == 0, err
+    assert [g["segment"] for g in json.loads(out)["given_up"]] == [victim]
+    sink = setup.open()
+    sink.flush()
+    sink.close()
+    assert read_pyarrow(setup.out, setup.options) == everything - victim_rows
