@@ -42,7 +42,10 @@ def damaged_error(
     state = _state_dir(store)
     where = f"--state-dir {state}" if state else f"--log-store {store.location.canonical}"
     after = (
-        "The files this roll pre-committed are not visible; recovery at the next start drops them. " if pending else ""
+        "The files this roll pre-committed are resolved by recovery at the next start (those not published are "
+        "dropped). "
+        if pending
+        else ""
     )
     return DamagedLogError(
         f"cannot {doing}: {len(damaged)} log segment{'s' if len(damaged) != 1 else ''} of sink {store.sink_id} "

@@ -244,7 +244,7 @@ def test_changed_bytes_stop_the_roll_then_apply_finds_them_and_drop_damaged_give
         sink.flush()
     message = str(stopped.value)
     assert victim in message and "epoch 2" in message and "checksum mismatch" in message, message
-    assert "--drop-damaged" in message and "recovery at the next start drops them" in message, message
+    assert "--drop-damaged" in message and "resolved by recovery at the next start" in message, message
     assert parquet_files(setup.out) == [], "no file of the failed roll is visible"
     sink.close()
 
