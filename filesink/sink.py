@@ -35,8 +35,16 @@ from logstore.failpoints import failpoint
 from logstore.storage import ensure_dir, is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
+from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .backlog import BacklogTracker
-from .errors import CheckpointMismatchError, SchemaMismatchError, SinkFailedError, SinkOptionError, StateLostError
+from .errors import (
+    BatchRefusedError,
+    CheckpointMismatchError,
+    SchemaMismatchError,
+    SinkFailedError,
+    SinkOptionError,
+    StateLostError,
+)
 from .ledger import Ledger, PlannedFile
 from .lock import StateLock
 from .output import (
@@ -49,6 +57,7 @@ from .output import (
 )
 from .planner import file_task, plan
 from .rollover import Rollover
+from .schema import hashable_columns, schema_problems, spark_schema_json
 from .sizing import Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
@@ -310,10 +319,6 @@ class ExactlyOnceParquetSink:
                 "commits or rewrites them. Nothing is lost."
             )
 
-    @staticmethod
-    def _spark_schema_json(schema: Any) -> str:
-        return json.dumps([[f.name, f.dataType.simpleString()] for f in schema.fields])
-
     def _check_schema(self, schema: Any) -> None:
         names = [f.name for f in schema.fields]
         for option, columns in (("key_columns", self.key_columns or []), ("partition_by", self.partition_by)):
@@ -324,43 +329,74 @@ class ExactlyOnceParquetSink:
             raise SchemaMismatchError(f"the batch has a column named {VNODE_COLUMN!r}, which the sink reserves")
         if self.partition_by and len(self.partition_by) == len(names):
             raise SinkOptionError("partition_by names every column; the files would have no columns left")
-        current = self._spark_schema_json(schema)
+        hashable = hashable_columns(schema)
+        unhashable = [c for c in self.key_columns or [] if c not in hashable]
+        if unhashable:
+            types = ", ".join(f"{c} ({schema[c].dataType.simpleString()})" for c in unhashable)
+            raise SinkOptionError(
+                f"key_columns names {types}: Spark cannot hash a map (HASH_MAP_TYPE), so rows cannot be spread over "
+                f"vnodes by it. Nothing was written. Give key_columns without map columns (of {hashable}), or leave "
+                "key_columns unset: the sink then hashes every column without a map."
+            )
+        current = spark_schema_json(schema)
         recorded = self._ledger.spark_schema()
-        if recorded is None:
-            self._ledger.record_schema(current, None)
+        if recorded is None or (recorded != current and self._store.last_sealed_epoch == NOTHING):
+            self._ledger.record_schema(current, None)  # nothing sealed yet: the schema may still change
             return
-        if recorded == current:
-            return
-        before, now = dict(json.loads(recorded)), dict(json.loads(current))
-        problems = [f"{c} ({t}) is missing" for c, t in before.items() if c not in now]
-        problems += [f"{c} ({t}) is new" for c, t in now.items() if c not in before]
-        problems += [f"{c} changed from {before[c]} to {now[c]}" for c in before if c in now and before[c] != now[c]]
-        if not problems:
-            problems = [f"the column order changed from {list(before)} to {list(now)}"]
-        raise SchemaMismatchError(
-            f"the batch's schema differs from the one this sink was created with: {'; '.join(problems)}. "
-            "Nothing of this batch was written. A sink keeps one schema; write a changed schema to a new sink."
-        )
+        problems = schema_problems(recorded, current)
+        if problems:
+            raise SchemaMismatchError(
+                f"the batch's schema differs from the one this sink was created with: {'; '.join(problems)}. "
+                "Nothing of this batch was written. A sink keeps one schema; write a changed schema to a new sink."
+            )
 
     def _append(self, df: Any, epoch: int) -> list[SegmentDescriptor]:
+        """Append the batch: one Spark job, each task checks its rows (:mod:`filesink.admission`) and writes one
+        segment. A refused batch leaves nothing in the log store and raises :class:`BatchRefusedError`."""
         from pyspark.sql import functions as F
 
-        keys = self.key_columns or [f.name for f in df.schema.fields]
-        vnode = F.pmod(F.hash(*[F.col(c) for c in keys]), F.lit(self._store.vnodes)).cast("int")
+        keys = self._key_columns(df.schema)
+        vnode = F.pmod(F.hash(*keys), F.lit(self._store.vnodes)).cast("int")
         target = self._store.target
         term_prefix = self._store.writer_id("")
+        admission = Admission(epoch, self._ledger.arrow_schema())
 
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
 
             ctx = TaskContext.get()
             writer = term_prefix + (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver")
-            descriptor = append_segment(target, epoch, batches, writer_id=writer)
+            try:
+                rows = admission.admit(batches)
+            except Refusal as e:
+                yield pa.record_batch([pa.nulls(1, pa.binary()), pa.array([str(e)])], names=_APPEND_COLUMNS)
+                return
+            descriptor = append_segment(target, epoch, rows, writer_id=writer)
             if descriptor is not None:
-                yield pa.record_batch([pa.array([pickle.dumps(descriptor)], pa.binary())], names=["descriptor"])
+                yield pa.record_batch(
+                    [pa.array([pickle.dumps(descriptor)], pa.binary()), pa.nulls(1, pa.string())],
+                    names=_APPEND_COLUMNS,
+                )
 
-        rows = df.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, "descriptor binary").collect()
-        return [pickle.loads(r.descriptor) for r in rows]
+        rows = df.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, _APPEND_SCHEMA).collect()
+        descriptors = [pickle.loads(r.descriptor) for r in rows if r.descriptor is not None]
+        refused = [r[REFUSED_COLUMN] for r in rows if r[REFUSED_COLUMN] is not None]
+        if refused:
+            self._store.discard(epoch, descriptors)
+            raise BatchRefusedError(refusal_message(epoch, refused))
+        return descriptors
+
+    def _key_columns(self, schema: Any) -> list[Any]:
+        """The columns the vnode hash is taken over: ``key_columns``, by default every column Spark can hash
+        (every column without a map in its type; with none such, the JSON text of the whole row)."""
+        from pyspark.sql import functions as F
+
+        if self.key_columns:
+            return [F.col(c) for c in self.key_columns]
+        keys = hashable_columns(schema)
+        if keys:
+            return [F.col(c) for c in keys]
+        return [F.to_json(F.struct(*[F.col(f.name) for f in schema.fields]))]
 
     def _file_task(self, f: PlannedFile, term: int) -> FileTask:
         return file_task(
@@ -508,6 +544,10 @@ class ExactlyOnceParquetSink:
                 self._timer_error = e
                 return
 
+
+_APPEND_COLUMNS = ["descriptor", REFUSED_COLUMN]
+_APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
+"""What each append task returns: its segment's pickled descriptor, or the reason it refused its rows."""
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The Spark local property that holds the running streaming query's id (kept in its checkpoint) in foreachBatch."""
