@@ -160,10 +160,10 @@ class ExactlyOnceParquetSink:
         self._lock = threading.RLock()
         self._state_lock = StateLock(state)
         try:
+            self._output = OutputLocation.of_sink(self.path, options, state).checked()  # before any state is made
             log_options = options if log_store and not is_local(log_store) else None
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
             self._ledger = Ledger(self._store)
-            self._output = OutputLocation.of_sink(self.path, options, state).checked()
 
             def claim() -> None:
                 where = f"state directory {state}"
