@@ -158,7 +158,13 @@ class ExactlyOnceParquetSink:
         self._compression = compression
         self._accept_state_loss = bool(accept_state_loss)
         self._lock = threading.RLock()
-        self._state_lock = StateLock(state)
+        try:
+            self._state_lock = StateLock(state)
+        except OSError as e:
+            raise SinkOptionError(
+                f"state_dir {state} cannot be written ({e.strerror or e}): the sink keeps its lock and state database "
+                "there. Make it writable by the user that runs the query (filesink recover status reads it as it is)."
+            ) from e
         try:
             self._output = OutputLocation.of_sink(self.path, options, state).checked()  # before any state is made
             log_options = options if log_store and not is_local(log_store) else None

@@ -219,6 +219,8 @@ def test_recover_status_and_plan_read_a_read_only_mounted_state_directory(tmp_pa
     state = tmp_path / "state"
     with bind(state, state, readonly=True):
         check_readonly_status(tmp_path, [])
+        with pytest.raises(SinkOptionError, match=rf"state_dir {state} cannot be written \(Read-only file system\)"):
+            open_sink(tmp_path)
     assert flush_and_read(tmp_path) == expected  # writable again
 
 
