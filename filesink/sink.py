@@ -144,12 +144,13 @@ class ExactlyOnceParquetSink:
             path = str(Path(path.removeprefix("file://")).expanduser().absolute())
             if state == Path(path) or Path(path) in state.parents or state in Path(path).parents:
                 raise SinkOptionError(f"state_dir {state} and the output path {path} must not contain each other")
-        local_log = LogLocation(log_store).canonical if log_store and is_local(log_store) else str(state / "log")
-        local_dirs = [(Path(path), "the output path")] if is_local(path) else []
-        local_dirs += [(state, "state_dir"), (Path(local_log), "the log store")]
-        for directory, what in local_dirs:  # all checked before any is created
+        made = [(Path(path), "the output path")] if is_local(path) else []
+        made.append((state, "state_dir"))
+        local_log = LogLocation(log_store).canonical if log_store else str(state / "log")
+        log_dir = [(Path(local_log), "the log store")] if log_store is None or is_local(log_store) else []
+        for directory, what in made + log_dir:  # all checked before any is created
             make_local_dir(directory, what, create=False)
-        for directory, what in local_dirs[:-1]:
+        for directory, what in made:
             make_local_dir(directory, what)
         self.path = path.rstrip("/")
         self.state_dir = state
