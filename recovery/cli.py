@@ -111,9 +111,11 @@ def open_sink(
             raise NotASinkError(f"{store.db_path} holds no sink: its sink tables are missing or empty")
         if state_dir is not None:
             output = OutputLocation.of_sink(str(config["output"]), storage_options, state_dir)
-        else:  # no state directory: a local output stages next to itself
+        else:  # no state directory: a local output stages in itself
             url = str(config["output"])
             output = OutputLocation(url, storage_options if not is_local(url) else {})
+        if not readonly:  # apply may write files again: where its temp files can be renamed into the output
+            output = output.checked()
         return OpenSink(state_dir, store, ledger, output, config)
     except BaseException:
         store.close()

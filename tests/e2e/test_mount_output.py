@@ -11,22 +11,25 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from checker import check
 from helpers import run
 from mounts import bind, remount, tmpfs
-from sink_helpers import input_file, read_duckdb, read_pyarrow, run_query
+from sink_helpers import append_epoch, batch_rows, input_file, read_duckdb, read_pyarrow, run_query
 
-from filesink import ExactlyOnceParquetSink, Rollover, SinkOptionError
-from filesink.output.location import OUTPUT_STAGING
+from filesink import ExactlyOnceParquetSink, FileWriteError, Rollover, SinkOptionError
+from filesink.output import OutputLocation
+from filesink.output.location import OUTPUT_STAGING, STAGING_SUFFIX
 from logstore import LogStore
 
 pytestmark = pytest.mark.timeout(600)
 
 EVERY_TWO = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=2)
 """A file every two epochs: files are published by Spark tasks while the query runs."""
+HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
 FAST_START = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
@@ -126,3 +129,48 @@ def test_a_read_only_output_is_refused_before_anything_is_sealed_then_the_run_re
             assert store.last_sealed_epoch >= 0
         finally:
             store.close()
+
+
+def test_a_sink_wedged_by_staging_on_another_file_system_recovers(tmp_path, monkeypatch):
+    """What earlier versions did with an output that is a mount point: temp files next to it, on the parent's file
+    system, so the first publish failed with EXDEV after its epochs were sealed, the file left pending. A start
+    of this version (``filesink recover apply``, then the sink) fences that staging place, drops the pending
+    file, writes it again from the log store, and the output is exact."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    expected: Counter = Counter()
+    with tmpfs(out):
+        with monkeypatch.context() as old_version:
+            legacy = OutputLocation(str(out), {}, staging_dir=str(tmp_path / f".out{STAGING_SUFFIX}"))
+            old_version.setattr(OutputLocation, "of_sink", classmethod(lambda cls, *args: legacy))
+            old_version.setattr(OutputLocation, "checked", lambda self: self)
+            sink = ExactlyOnceParquetSink(str(out), state, vnodes=8, rollover=HOLD)
+            for epoch in range(2):
+                rows = batch_rows(epoch, 40, seed=6)
+                expected.update(rows)
+                append_epoch(sink, epoch, rows)
+            with pytest.raises(FileWriteError, match="Invalid cross-device link"):
+                sink.flush()
+            assert sink.ledger.pending_names(), "the file is pending, its epochs sealed"
+            sink._state_lock.release()  # the driver stops here, as if killed: its term's staging stays
+            sink.log_store.close()
+        assert (tmp_path / f".out{STAGING_SUFFIX}" / f"term-{sink.term:010d}").is_dir()
+        assert list(out.glob("*.parquet")) == [], "nothing was published"
+
+        done = run(
+            [sys.executable, "-m", "filesink", "recover", "apply", "--state-dir", str(state), "--json"],
+            120,
+            "filesink recover apply",
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        applied = json.loads(done.stdout)
+        assert [f["action"] for f in applied["files"]] == ["drop"] and applied["fenced"] == 1, applied
+        assert not (tmp_path / f".out{STAGING_SUFFIX}").exists(), "the old staging place is gone"
+        with ExactlyOnceParquetSink(str(out), state, vnodes=8, rollover=HOLD) as sink:
+            rows = batch_rows(2, 40, seed=6)
+            expected.update(rows)
+            append_epoch(sink, 2, rows)
+            sink.flush()
+        report = check(str(out), None, expected)
+        assert report.anomalies == 0, report.line()
