@@ -252,6 +252,37 @@ os._exit(0)  # killed: its write-ahead log is not checkpointed
 """
 
 
+def test_recover_status_reads_a_live_sinks_state_directory_the_user_cannot_write(tmp_path):
+    """Another user looking at a running sink: its write-ahead log and index file are there, readable only."""
+    live = KILLED_SINK.replace("os._exit(0)", "print('running', flush=True)\nimport time\ntime.sleep(600)")
+    sink = subprocess.Popen(
+        [sys.executable, "-c", live, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=support_env(),
+    )
+    state = tmp_path / "state"
+    modes: dict[Path, int] = {}
+    try:
+        wait_for_line(sink, "running\n", CLI_WAIT, "the sink to seal its epochs")
+        assert (state / f"{STATE_DB_NAME}-wal").stat().st_size > 0
+        modes = {p: p.stat().st_mode for p in [state, *state.rglob("*")]}
+        for path in modes:
+            path.chmod(path.stat().st_mode & ~0o222)
+        done = filesink("recover", "status", "--state-dir", state, "--json", prefix=without_dac(state))
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        assert status["last_sealed_epoch"] == 2 and f"pid {sink.pid} " in status["held_by"], status
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+        sink.kill()
+        sink.wait(30)
+    expected = Counter(r for epoch in range(3) for r in batch_rows(epoch, 60, seed=3))
+    assert flush_and_read(tmp_path) == expected
+
+
 def test_a_read_only_state_directory_with_a_write_ahead_log(tmp_path):
     """A sink killed with its transactions in ``state.sqlite-wal``: status reads them through the index file
     (``-shm``) it left; without that file (it cannot be created read-only) the error says what to do."""
