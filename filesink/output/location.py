@@ -100,7 +100,8 @@ class OutputLocation:
             + (
                 "The output must be writable: check its permissions and that its file system is mounted read-write."
                 if error.errno != errno.EXDEV
-                else "Give the output a directory on one file system and mount with its staging directory."
+                else f"The staging directory must be on the output's own file system and mount; {staging} is not "
+                "(is something mounted there?)."
             )
         )
 

@@ -174,3 +174,19 @@ def test_a_sink_wedged_by_staging_on_another_file_system_recovers(tmp_path, monk
             sink.flush()
         report = check(str(out), None, expected)
         assert report.anomalies == 0, report.line()
+
+
+def test_a_staging_directory_that_is_a_mount_of_its_own_is_refused(tmp_path):
+    """No staging place works (``_filesink_staging`` is mounted over): the sink refuses before opening any state."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    with tmpfs(out / OUTPUT_STAGING):
+        with pytest.raises(SinkOptionError) as refused:
+            ExactlyOnceParquetSink(str(out), state, vnodes=8, rollover=HOLD)
+        message = str(refused.value)
+        assert str(out / OUTPUT_STAGING) in message and "Invalid cross-device link" in message, message
+        assert not (state / "state.sqlite").exists()
+    rows = batch_rows(0, 30, seed=8)  # unmounted: the user's fix
+    with ExactlyOnceParquetSink(str(out), state, vnodes=8, rollover=HOLD) as sink:
+        append_epoch(sink, 0, rows)
+        sink.flush()
+    assert read_pyarrow(str(out)) == Counter(rows)
