@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from logstore.storage import ensure_dir, is_local, s3_client_options
+from logstore.storage import is_local, s3_client_options
 
 from ..errors import SinkOptionError
 from .multipart import DEFAULT_PART_SIZE
@@ -125,6 +125,10 @@ class OutputLocation:
             return staging
         return root / OUTPUT_STAGING
 
+    def staged(self, key: str) -> bool:
+        """Whether ``key`` (relative to a local output's root) is in its ``_filesink_staging/``: a temp file."""
+        return self.is_local and key.startswith(f"{OUTPUT_STAGING}/")
+
     def staging_places(self) -> list[Path]:
         """Every staging directory of a local output that exists: the one its writers use now, and those of
         earlier runs or versions (``<output>/_filesink_staging``, ``.<dir>.filesink-staging`` next to it), which
@@ -146,7 +150,7 @@ def _probe_rename(staging: Path, root: Path) -> OSError | None:
     """Rename an empty temp file from ``staging`` into ``root`` and remove it; the error if that fails."""
     name = f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}.tmp"
     try:
-        ensure_dir(staging)
+        staging.mkdir(parents=True, exist_ok=True)  # prepare_staging makes its term's directory durable
         (staging / name).touch(exist_ok=False)
     except OSError as e:
         return e

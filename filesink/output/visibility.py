@@ -11,7 +11,7 @@ from pathlib import Path
 
 from logstore.storage import storage_error
 
-from .location import OUTPUT_STAGING, OutputLocation, filesystem
+from .location import OutputLocation, filesystem
 from .naming import SUFFIX
 
 
@@ -28,9 +28,7 @@ def list_objects(
     found: list[tuple[str, int]] = []
     if output.is_local:
         root = output.local_root()
-        for dirpath, dirs, files in os.walk(root):
-            if dirpath == str(root):  # temp files, never visible objects
-                dirs[:] = [d for d in dirs if d != OUTPUT_STAGING]
+        for dirpath, _dirs, files in os.walk(root):
             for file in files if basename is None else [basename] if basename in files else []:
                 path = Path(dirpath) / file
                 try:
@@ -38,7 +36,7 @@ def list_objects(
                 except FileNotFoundError:
                     continue
                 found.append((path.relative_to(root).as_posix(), size))
-        return sorted(found)
+        return sorted(f for f in found if not output.staged(f[0]))  # temp files are not objects
     fs, prefix = filesystem(output)
     fs.invalidate_cache()
     try:

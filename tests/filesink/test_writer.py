@@ -21,7 +21,6 @@ import pytest
 from filesink import writer
 from filesink.errors import FileWriteError
 from filesink.output import OutputLocation, object_keys, objects
-from filesink.output.location import OUTPUT_STAGING
 from filesink.partitioning import partition_dir
 from filesink.writer import FileTask, WrittenObject, write_file
 from logstore import LogStore, ReadItem, SegmentMissingError, append_segment, read_plan
@@ -125,7 +124,7 @@ def listed(output: OutputLocation) -> dict[str, int]:
     if output.is_local:
         root = output.local_root()
         found = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-        return {k: (root / k).stat().st_size for k in found if not k.startswith(f"{OUTPUT_STAGING}/")}
+        return {k: (root / k).stat().st_size for k in found if not k.startswith("_filesink_staging/")}
     fs = fresh_fs(output)
     root = s3_path(output)
     found = fs.find(root, detail=True)
