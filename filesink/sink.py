@@ -30,9 +30,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from logstore import NOTHING, VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
+from logstore import NOTHING, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
-from logstore.storage import ensure_dir, is_local
+from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
 from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
@@ -56,6 +56,7 @@ from .output import (
     remove_failed_attempts,
 )
 from .planner import file_task, plan
+from .preflight import make_local_dir
 from .rollover import Rollover
 from .schema import hashable_columns, schema_problems, spark_schema_json
 from .sizing import Sample, sample_ratio
@@ -143,21 +144,33 @@ class ExactlyOnceParquetSink:
             path = str(Path(path.removeprefix("file://")).expanduser().absolute())
             if state == Path(path) or Path(path) in state.parents or state in Path(path).parents:
                 raise SinkOptionError(f"state_dir {state} and the output path {path} must not contain each other")
-            ensure_dir(Path(path))
+        made = [(Path(path), "the output path")] if is_local(path) else []
+        made.append((state, "state_dir"))
+        local_log = LogLocation(log_store).canonical if log_store else str(state / "log")
+        log_dir = [(Path(local_log), "the log store")] if log_store is None or is_local(log_store) else []
+        for directory, what in made + log_dir:  # all checked before any is created
+            make_local_dir(directory, what, create=False)
+        for directory, what in made:
+            make_local_dir(directory, what)
         self.path = path.rstrip("/")
-        ensure_dir(state)
         self.state_dir = state
         self._row_group_rows = row_group_rows
         self._sample: Sample | None = None
         self._compression = compression
         self._accept_state_loss = bool(accept_state_loss)
         self._lock = threading.RLock()
-        self._state_lock = StateLock(state)
         try:
+            self._state_lock = StateLock(state)
+        except OSError as e:
+            raise SinkOptionError(
+                f"state_dir {state} cannot be written ({e.strerror or e}): the sink keeps its lock and state database "
+                "there. Make it writable by the user that runs the query (filesink recover status reads it as it is)."
+            ) from e
+        try:
+            self._output = OutputLocation.of_sink(self.path, options, state).checked()  # before any state is made
             log_options = options if log_store and not is_local(log_store) else None
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
             self._ledger = Ledger(self._store)
-            self._output = OutputLocation.of_sink(self.path, options, state)
 
             def claim() -> None:
                 where = f"state directory {state}"
