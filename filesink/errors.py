@@ -47,6 +47,12 @@ class SchemaMismatchError(FileSinkError):
     """A batch's schema differs from the schema the sink was created with."""
 
 
+class BatchRefusedError(FileSinkError):
+    """Rows of a batch that a file writer would refuse (a type that cannot be conformed to the sink's schema, a
+    partition value too long for the output, ...): refused by the append tasks before the epoch is sealed, so
+    nothing of the batch is in the log store and Spark keeps it."""
+
+
 class CheckpointMismatchError(FileSinkError):
     """A batch id is below the last sealed epoch and is not a replay (checkpoint reset, or a second query)."""
 

@@ -27,16 +27,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import pyarrow as pa
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from logstore import LogStore, LogStoreClaimedError
+from logstore import NOTHING, LogStore, LogStoreClaimedError
 from logstore.failpoints import failpoint
 from logstore.home import FILES, SINK_RECORD, file_path
 from logstore.statedb import apply_migrations, db_errors, translated
 
 from .errors import CommitConflictError, FencedError, SinkOptionError
+from .schema import file_schema_bytes
 
 IDENTITY = ("output", "key_columns", "partition_by")
 """What makes a sink the sink it is, besides its id and its log store: kept for life."""
@@ -195,6 +195,16 @@ class Ledger:
             return
         if not self.store.readonly and self.store.home.read(SINK_RECORD) is None:
             self._write_home_record()  # a sink created before it had a durable home
+        changed = row[1] != json.dumps(key_columns) or row[2] != json.dumps(partition_by)
+        if row[0] == output and changed and not self.store.readonly and self.store.last_sealed_epoch == NOTHING:
+            # Nothing was ever sealed (e.g. the first batch was refused): keys and partitioning may still change.
+            with self.db.atomic():
+                self.db.execute(
+                    "UPDATE sink_config SET key_columns = ?, partition_by = ?",
+                    (json.dumps(key_columns), json.dumps(partition_by)),
+                )
+            self._write_home_record()
+            return
         for what, recorded, value in (
             ("output path", row[0], output),
             ("key_columns", row[1], json.dumps(key_columns)),
@@ -249,10 +259,11 @@ class Ledger:
         if value is None:
             first = self.store.first_segment_schema()
             if first is not None:
-                value = nullable_schema(first)
+                value = file_schema_bytes(first)
                 with self.db.atomic():
                     self.db.execute("UPDATE sink_config SET arrow_schema = COALESCE(arrow_schema, ?)", (value,))
-        return value
+        # A schema recorded before nested fields were made nullable too is widened the same way.
+        return None if value is None else file_schema_bytes(value)
 
     @db_errors("list the pending files")
     def pending_names(self) -> list[str]:
@@ -479,10 +490,3 @@ def _planned(record: dict[str, object]) -> PlannedFile:
         int(record["log_bytes"]),  # type: ignore[call-overload]
         str(record["reason"]),
     )
-
-
-def nullable_schema(schema_bytes: bytes) -> bytes:
-    """A segment's serialized Arrow schema with every field nullable: the schema of the sink's files."""
-    schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
-    nullable = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
-    return bytes(nullable.serialize().to_pybytes())

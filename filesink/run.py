@@ -29,7 +29,7 @@ from logstore.storage import is_local
 
 from .damage import given_up_line
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
-from .preflight import check_input, check_master, check_s3
+from .preflight import check_input, check_master, check_s3, make_local_dir
 from .progress import Progress, _plural, files_line, held
 from .rollover import Rollover
 from .sink import ExactlyOnceParquetSink
@@ -195,6 +195,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     :class:`FileSinkError`; a failed streaming query is reported and returns ``EXIT_FAILED``."""
     started = time.monotonic()
     files = check_input(config.input, config.format)
+    make_local_dir(config.state_dir, "the state directory (--state-dir)", create=False)
+    make_local_dir(config.checkpoint_dir, "the checkpoint directory (--checkpoint)", create=False)
     config.log_store = config.log_store or LogStore.recorded_location(config.state_dir)
     options = config.storage_options()
     if not is_local(config.output):

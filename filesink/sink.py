@@ -30,14 +30,22 @@ from typing import Any
 
 import pyarrow as pa
 
-from logstore import NOTHING, VNODE_COLUMN, LogStore, SegmentDescriptor, append_segment
+from logstore import NOTHING, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
-from logstore.storage import ensure_dir, is_local
+from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
+from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .backlog import BacklogTracker
 from .damage import check_planned, diagnose, given_up_line
-from .errors import CheckpointMismatchError, SchemaMismatchError, SinkFailedError, SinkOptionError, StateLostError
+from .errors import (
+    BatchRefusedError,
+    CheckpointMismatchError,
+    SchemaMismatchError,
+    SinkFailedError,
+    SinkOptionError,
+    StateLostError,
+)
 from .ledger import Ledger, PlannedFile
 from .lock import StateLock
 from .output import (
@@ -49,7 +57,9 @@ from .output import (
     remove_failed_attempts,
 )
 from .planner import file_task, plan
+from .preflight import make_local_dir
 from .rollover import Rollover
+from .schema import hashable_columns, schema_problems, spark_schema_json
 from .sizing import Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
@@ -135,21 +145,33 @@ class ExactlyOnceParquetSink:
             path = str(Path(path.removeprefix("file://")).expanduser().absolute())
             if state == Path(path) or Path(path) in state.parents or state in Path(path).parents:
                 raise SinkOptionError(f"state_dir {state} and the output path {path} must not contain each other")
-            ensure_dir(Path(path))
+        made = [(Path(path), "the output path")] if is_local(path) else []
+        made.append((state, "state_dir"))
+        local_log = LogLocation(log_store).canonical if log_store else str(state / "log")
+        log_dir = [(Path(local_log), "the log store")] if log_store is None or is_local(log_store) else []
+        for directory, what in made + log_dir:  # all checked before any is created
+            make_local_dir(directory, what, create=False)
+        for directory, what in made:
+            make_local_dir(directory, what)
         self.path = path.rstrip("/")
-        ensure_dir(state)
         self.state_dir = state
         self._row_group_rows = row_group_rows
         self._sample: Sample | None = None
         self._compression = compression
         self._accept_state_loss = bool(accept_state_loss)
         self._lock = threading.RLock()
-        self._state_lock = StateLock(state)
         try:
+            self._state_lock = StateLock(state)
+        except OSError as e:
+            raise SinkOptionError(
+                f"state_dir {state} cannot be written ({e.strerror or e}): the sink keeps its lock and state database "
+                "there. Make it writable by the user that runs the query (filesink recover status reads it as it is)."
+            ) from e
+        try:
+            self._output = OutputLocation.of_sink(self.path, options, state).checked()  # before any state is made
             log_options = options if log_store and not is_local(log_store) else None
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
             self._ledger = Ledger(self._store)
-            self._output = OutputLocation.of_sink(self.path, options, state)
 
             def claim() -> None:
                 where = f"state directory {state}"
@@ -311,10 +333,6 @@ class ExactlyOnceParquetSink:
                 "commits or rewrites them. Nothing is lost."
             )
 
-    @staticmethod
-    def _spark_schema_json(schema: Any) -> str:
-        return json.dumps([[f.name, f.dataType.simpleString()] for f in schema.fields])
-
     def _check_schema(self, schema: Any) -> None:
         names = [f.name for f in schema.fields]
         for option, columns in (("key_columns", self.key_columns or []), ("partition_by", self.partition_by)):
@@ -325,43 +343,74 @@ class ExactlyOnceParquetSink:
             raise SchemaMismatchError(f"the batch has a column named {VNODE_COLUMN!r}, which the sink reserves")
         if self.partition_by and len(self.partition_by) == len(names):
             raise SinkOptionError("partition_by names every column; the files would have no columns left")
-        current = self._spark_schema_json(schema)
+        hashable = hashable_columns(schema)
+        unhashable = [c for c in self.key_columns or [] if c not in hashable]
+        if unhashable:
+            types = ", ".join(f"{c} ({schema[c].dataType.simpleString()})" for c in unhashable)
+            raise SinkOptionError(
+                f"key_columns names {types}: Spark cannot hash a map (HASH_MAP_TYPE), so rows cannot be spread over "
+                f"vnodes by it. Nothing was written. Give key_columns without map columns (of {hashable}), or leave "
+                "key_columns unset: the sink then hashes every column without a map."
+            )
+        current = spark_schema_json(schema)
         recorded = self._ledger.spark_schema()
-        if recorded is None:
-            self._ledger.record_schema(current, None)
+        if recorded is None or (recorded != current and self._store.last_sealed_epoch == NOTHING):
+            self._ledger.record_schema(current, None)  # nothing sealed yet: the schema may still change
             return
-        if recorded == current:
-            return
-        before, now = dict(json.loads(recorded)), dict(json.loads(current))
-        problems = [f"{c} ({t}) is missing" for c, t in before.items() if c not in now]
-        problems += [f"{c} ({t}) is new" for c, t in now.items() if c not in before]
-        problems += [f"{c} changed from {before[c]} to {now[c]}" for c in before if c in now and before[c] != now[c]]
-        if not problems:
-            problems = [f"the column order changed from {list(before)} to {list(now)}"]
-        raise SchemaMismatchError(
-            f"the batch's schema differs from the one this sink was created with: {'; '.join(problems)}. "
-            "Nothing of this batch was written. A sink keeps one schema; write a changed schema to a new sink."
-        )
+        problems = schema_problems(recorded, current)
+        if problems:
+            raise SchemaMismatchError(
+                f"the batch's schema differs from the one this sink was created with: {'; '.join(problems)}. "
+                "Nothing of this batch was written. A sink keeps one schema; write a changed schema to a new sink."
+            )
 
     def _append(self, df: Any, epoch: int) -> list[SegmentDescriptor]:
+        """Append the batch: one Spark job, each task checks its rows (:mod:`filesink.admission`) and writes one
+        segment. A refused batch leaves nothing in the log store and raises :class:`BatchRefusedError`."""
         from pyspark.sql import functions as F
 
-        keys = self.key_columns or [f.name for f in df.schema.fields]
-        vnode = F.pmod(F.hash(*[F.col(c) for c in keys]), F.lit(self._store.vnodes)).cast("int")
+        keys = self._key_columns(df.schema)
+        vnode = F.pmod(F.hash(*keys), F.lit(self._store.vnodes)).cast("int")
         target = self._store.target
         term_prefix = self._store.writer_id("")
+        admission = Admission(epoch, self._ledger.arrow_schema())
 
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
 
             ctx = TaskContext.get()
             writer = term_prefix + (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver")
-            descriptor = append_segment(target, epoch, batches, writer_id=writer)
+            try:
+                rows = admission.admit(batches)
+            except Refusal as e:
+                yield pa.record_batch([pa.nulls(1, pa.binary()), pa.array([str(e)])], names=_APPEND_COLUMNS)
+                return
+            descriptor = append_segment(target, epoch, rows, writer_id=writer)
             if descriptor is not None:
-                yield pa.record_batch([pa.array([pickle.dumps(descriptor)], pa.binary())], names=["descriptor"])
+                yield pa.record_batch(
+                    [pa.array([pickle.dumps(descriptor)], pa.binary()), pa.nulls(1, pa.string())],
+                    names=_APPEND_COLUMNS,
+                )
 
-        rows = df.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, "descriptor binary").collect()
-        return [pickle.loads(r.descriptor) for r in rows]
+        rows = df.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, _APPEND_SCHEMA).collect()
+        descriptors = [pickle.loads(r.descriptor) for r in rows if r.descriptor is not None]
+        refused = [r[REFUSED_COLUMN] for r in rows if r[REFUSED_COLUMN] is not None]
+        if refused:
+            self._store.discard(epoch, descriptors)
+            raise BatchRefusedError(refusal_message(epoch, refused))
+        return descriptors
+
+    def _key_columns(self, schema: Any) -> list[Any]:
+        """The columns the vnode hash is taken over: ``key_columns``, by default every column Spark can hash
+        (every column without a map in its type; with none such, the JSON text of the whole row)."""
+        from pyspark.sql import functions as F
+
+        if self.key_columns:
+            return [F.col(c) for c in self.key_columns]
+        keys = hashable_columns(schema)
+        if keys:
+            return [F.col(c) for c in keys]
+        return [F.to_json(F.struct(*[F.col(f.name) for f in schema.fields]))]
 
     def _file_task(self, f: PlannedFile, term: int) -> FileTask:
         return file_task(
@@ -526,6 +575,10 @@ class ExactlyOnceParquetSink:
                 self._timer_error = e
                 return
 
+
+_APPEND_COLUMNS = ["descriptor", REFUSED_COLUMN]
+_APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
+"""What each append task returns: its segment's pickled descriptor, or the reason it refused its rows."""
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The Spark local property that holds the running streaming query's id (kept in its checkpoint) in foreachBatch."""

@@ -42,6 +42,8 @@ from logstore.failpoints import failpoint
 from .errors import FencedError, FileWriteError
 from .output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
 from .partitioning import partition_dir
+from .schema import SchemaConformError
+from .schema import conform as conform_to
 
 log = logging.getLogger(__name__)
 
@@ -204,28 +206,15 @@ def _check_task(task: FileTask, schema: pa.Schema) -> None:
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogBatch) -> pa.RecordBatch:
-    """``batch`` with exactly ``schema`` (field metadata and nullability from it), or FileWriteError."""
+    """``batch`` with exactly ``schema`` (a timestamp's zone label and nested nullability conformed, as at
+    admission: :mod:`filesink.schema`), or FileWriteError."""
     if batch.schema.equals(schema, check_metadata=True):
         return batch
     where = f"file {task.name}: rows of vnode {item.vnode}, epoch {item.epoch}, segment {item.segment}"
-    names = batch.schema.names
-    for column in schema.names:
-        if column not in names:
-            raise FileWriteError(f"{where} lack column {column!r} of the sink schema")
-    for column in names:
-        if column not in schema.names:
-            raise FileWriteError(f"{where} have column {column!r}, which the sink schema does not have")
-    if names != schema.names:
-        column = next(a for a, b in zip(names, schema.names, strict=True) if a != b)
-        raise FileWriteError(f"{where} have column {column!r} out of place: {names}, expected {schema.names}")
-    for got, expected in zip(batch.schema, schema, strict=True):
-        if not got.type.equals(expected.type, check_metadata=True):
-            raise FileWriteError(
-                f"{where} have column {got.name!r} of type {got.type}, the sink schema says {expected.type}"
-            )
-        if not expected.nullable and batch.column(got.name).null_count:
-            raise FileWriteError(f"{where} have nulls in column {got.name!r}, which the sink schema declares not null")
-    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    try:
+        return conform_to(batch, schema, where)
+    except SchemaConformError as e:
+        raise FileWriteError(str(e)) from e
 
 
 def split_partitions(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,14 +114,41 @@ def connect_readonly(path: str | Path) -> sqlite_utils.Database:
     """Open an existing state database for reading only (progress displays, ``filesink recover status``): no
     migration runs, nothing is created, and it works where the database file or its directory is read-only.
 
+    SQLite reads a database in WAL mode through an index file (``-shm``) next to it, which it creates if missing.
+    Where it cannot (a read-only directory or file system) and there is no write-ahead log to read (``-wal``
+    missing or empty: the sink was closed, or checkpointed everything), the database is opened ``immutable``,
+    reading the file alone. A write-ahead log that cannot be read is :class:`StateDatabaseError` saying what to do.
+
     Raises ``FileNotFoundError`` if there is no database at ``path``."""
     path = Path(path).absolute()
     if not path.is_file():
         raise FileNotFoundError(f"no state database at {path}")
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
-    db = sqlite_utils.Database(conn)
-    db.execute("PRAGMA busy_timeout=30000")
-    return db
+    try:
+        return _open_readonly(path, immutable=False)
+    except sqlite3.OperationalError as e:
+        if os.access(path.parent, os.W_OK):
+            raise  # not for want of a writable directory (the caller translates it)
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StateDatabaseError(
+                f"the state database {path} cannot be read here ({e}): its write-ahead log {wal.name} holds "
+                f"transactions, and reading them needs an index file ({path.name}-shm) that cannot be created in "
+                f"the read-only directory {path.parent}. Run this where the directory is writable (as the user "
+                "that runs the sink), or copy the state directory to a writable place and give that copy."
+            ) from e
+        return _open_readonly(path, immutable=True)
+
+
+def _open_readonly(path: Path, *, immutable: bool) -> sqlite_utils.Database:
+    uri = f"{path.as_uri()}?mode=ro{'&immutable=1' if immutable else ''}"
+    conn = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the file (and its WAL index) now
+    except BaseException:
+        conn.close()
+        raise
+    return sqlite_utils.Database(conn)
 
 
 def database_path(db: sqlite_utils.Database) -> str:
@@ -131,17 +159,57 @@ def database_path(db: sqlite_utils.Database) -> str:
 
 @contextlib.contextmanager
 def translated(path: str, what: str) -> Iterator[None]:
-    """Turn ``sqlite3.Error`` into :class:`StateDatabaseError` naming the database and what was being done.
+    """Turn ``sqlite3.Error`` into :class:`StateDatabaseError` naming the database, what was being done, and
+    what to do about it (which depends on the error: a file that is not a database, a damaged one, a lock held
+    elsewhere, a read-only place, a full disk, ...).
 
     The one place SQLite errors are translated; the owners of the database's tables use it (directly or through
     :func:`db_errors`)."""
     try:
         yield
     except sqlite3.Error as e:
-        raise StateDatabaseError(
-            f"{what}: the state database {path} failed: {e}. Its transaction was rolled back, so nothing is lost: "
-            "fix the cause (free space, check the disk and the file's permissions) and restart the query."
-        ) from e
+        raise StateDatabaseError(f"{what}: the state database {path} failed: {e}. {advice(e, path)}") from e
+
+
+def advice(error: sqlite3.Error, path: str) -> str:
+    """What to do about the SQLite error ``error`` of the state database at ``path``."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    where = str(Path(path).parent)
+    rebuild = (
+        f"Restore {path} from a backup; or move it away, with its -wal and -shm files if there are any (keep them "
+        "for diagnosis), and start the sink again with the same log store: it rebuilds its state from the durable "
+        "home there."
+    )
+    if name == "SQLITE_NOTADB" or "file is not a database" in str(error):
+        return f"The file is not a SQLite database (or its header is damaged). {rebuild}"
+    if name.startswith("SQLITE_CORRUPT") or "malformed" in str(error):
+        return f"The database file is damaged. {rebuild}"
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(error):
+        return (
+            "Another process holds a lock on it (a sink, a recovery, or a tool with a transaction open) and did not "
+            "release it within 30 s. Stop that process (filesink recover status shows which sink holds the state "
+            "directory), then run again. Nothing was changed."
+        )
+    if name.startswith("SQLITE_READONLY"):
+        return (
+            f"It cannot be written here (a read-only file, directory or file system). Make {path} and {where} "
+            "writable by the user that runs the sink, then run again; nothing recorded is lost."
+        )
+    if name.startswith("SQLITE_CANTOPEN") and not os.access(where, os.W_OK):
+        return (
+            f"Its directory {where} is read-only here, and writing needs SQLite's -wal and -shm files next to the "
+            f"database: make {where} writable by the user that runs this (read-only commands such as filesink "
+            "recover status and plan work as they are), then run again. Nothing was changed."
+        )
+    if name.startswith("SQLITE_CANTOPEN"):
+        return (
+            f"SQLite cannot open it: check that {where} exists and is readable and writable (SQLite creates "
+            f"{Path(path).name}-wal and -shm files next to the database), then run again."
+        )
+    return (
+        "Its transaction was rolled back, so nothing is lost: fix the cause (free space, check the disk and the "
+        "file's permissions) and restart the query."
+    )
 
 
 class HasDatabase(Protocol):

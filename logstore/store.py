@@ -465,6 +465,16 @@ class LogStore:
         self._check_unsealed(epoch, "append to")
         return append_segment(self.target, epoch, data, writer_id=writer_id)
 
+    def discard(self, epoch: int, descriptors: Iterable[SegmentDescriptor]) -> None:
+        """Delete the segment files an append wrote for ``epoch`` that will not be sealed (its batch was refused).
+        Best effort: a file left behind is unsealed garbage, which the next sweep removes."""
+        self._check_unsealed(epoch, "discard segments of")
+        for d in descriptors:
+            try:
+                self.storage.delete(d.name)
+            except OSError as e:
+                log.warning("could not delete segment %s of refused epoch %d: %s", d.name, epoch, e)
+
     @db_errors("check the epoch order")
     def _check_unsealed(self, epoch: int, action: str) -> None:
         last = self.last_sealed_epoch

@@ -13,6 +13,7 @@ state directory, 5 damaged log segments block the sink (``apply`` without ``--dr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from filesink.output import OutputLocation
 from filesink.planner import file_task, writer_ranges
 from filesink.writer import FileTask
 from logstore import DamagedSegment, GivenUp, LogLocation, LogStore, NoLogStoreError
-from logstore.statedb import STATE_DB_NAME
+from logstore.statedb import STATE_DB_NAME, translated
 from logstore.storage import is_local
 
 from .errors import NotASinkError
@@ -72,6 +73,9 @@ def open_sink(
     from the durable home at ``log_store``: into a new database in ``state_dir`` unless ``readonly``, else in
     memory (nothing is written)."""
     has_db = state_dir is not None and LogStore.recorded_location(state_dir) is not None
+    if not has_db and state_dir is not None and (state_dir / STATE_DB_NAME).is_file():
+        with contextlib.suppress(NoLogStoreError):  # a database SQLite cannot read is an error naming it
+            LogStore.open_existing(state_dir, storage_options=storage_options, readonly=True).close()
     if not has_db and log_store is None:
         raise NotASinkError(
             f"{state_dir} is not a sink's state directory: it holds no {STATE_DB_NAME}. If the sink's state "
@@ -107,9 +111,11 @@ def open_sink(
             raise NotASinkError(f"{store.db_path} holds no sink: its sink tables are missing or empty")
         if state_dir is not None:
             output = OutputLocation.of_sink(str(config["output"]), storage_options, state_dir)
-        else:  # no state directory: a local output stages next to itself
+        else:  # no state directory: a local output stages in itself
             url = str(config["output"])
             output = OutputLocation(url, storage_options if not is_local(url) else {})
+        if not readonly:  # apply may write files again: where its temp files can be renamed into the output
+            output = output.checked()
         return OpenSink(state_dir, store, ledger, output, config)
     except BaseException:
         store.close()
@@ -519,7 +525,9 @@ def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--parallelism must be at least 1")
     if not args.state_dir and not args.log_store:
         parser.error("give --state-dir DIR, --log-store URL, or both")
-    return run_recover(args)
+    database = str(Path(args.state_dir).absolute() / STATE_DB_NAME) if args.state_dir else "(rebuilt in memory)"
+    with translated(database, f"filesink recover {args.command}"):  # any SQLite error not translated below
+        return run_recover(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,8 @@ file writer can read (writers have no access to the state database). A writer ho
 started it, in its :class:`~filesink.writer.FileTask`, and is **fenced** once a newer term exists:
 
 - **Local output**: a writer's temp files live in its term's staging directory ``<staging>/term-<T>``, which
-  only the driver creates. Recovery renames the directories of older terms away before it looks at any file:
+  only the driver creates. Recovery renames the directories of older terms away (in every staging directory
+  the output had, :meth:`~filesink.output.location.OutputLocation.staging_places`) before it looks at any file:
   a writer that had not opened its temp file yet finds no directory, and one that had finds that its rename
   into the output fails. Both are atomic on one file system, so a writer either published before recovery
   looked, or never does.
@@ -183,12 +184,10 @@ def forget_committed(storage: Storage, term: int, names: Collection[str]) -> Non
 # -- per-term staging directories (local output) and fencing older writers -------------------------------------
 
 
-def staging(output: OutputLocation) -> Path | None:
-    """The staging directory of a local output, if it exists."""
-    if not output.is_local:
-        return None
-    found = output.local_staging()
-    return found if found.is_dir() else None
+def staging(output: OutputLocation) -> list[Path]:
+    """The staging directories of a local output that exist: the current one and those of earlier runs or
+    versions (:meth:`OutputLocation.staging_places`). Writers of older terms may still hold directories in any."""
+    return output.staging_places()
 
 
 def term_staging(output: OutputLocation, term: int) -> Path:
@@ -220,16 +219,17 @@ def fence_writers(output: OutputLocation, storage: Storage, term: int) -> int:
     Local output: the older terms' staging directories are renamed away (atomic: a writer's open() or rename()
     of a temp file in one now fails). S3 output: every upload recorded by an older term is aborted."""
     fenced = 0
-    found_staging = staging(output)
-    if found_staging is not None:
+    for found_staging in staging(output):
+        renamed = 0
         for child in sorted(found_staging.iterdir()):
             found = parse_term_dir(child.name)
             if found is None or found >= term or not child.is_dir():
                 continue
             child.rename(found_staging / f"{FENCED_PREFIX}{child.name}-{uuid.uuid4().hex[:8]}")
-            fenced += 1
-        if fenced:
+            renamed += 1
+        if renamed:
             fsync_dir(found_staging)
+        fenced += renamed
     if not output.is_local:
         fs, root = filesystem(output)
         for record in records(storage, below=term):

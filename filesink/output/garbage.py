@@ -1,10 +1,12 @@
 """The output's garbage: what writers that died, stalled or were fenced left behind.
 
 - :func:`find_output_garbage` / :func:`remove_output_garbage`: temp files and fenced staging directories of a
-  local output, multipart uploads of this sink's files left in progress under an S3 output, and the writer
-  records of older terms. Every key is checked to be under the output prefix and to be named like one of the
-  sink's files before anything is deleted or aborted. Only while no writer of the current term can run (the
-  caller holds the state directory's lock, before the sink starts writing).
+  local output (in every staging directory it had: earlier versions staged next to the output directory, whose
+  empty staging directory then goes too; and a staging probe's file a crash left in the output), multipart
+  uploads of this sink's files left in progress under an S3 output, and the writer records of older terms.
+  Every key is checked to be under the output prefix and to be named like one of the sink's files before
+  anything is deleted or aborted. Only while no writer of the current term can run (the caller holds the state
+  directory's lock, before the sink starts writing).
 - :func:`remove_failed_attempts`: while the sink runs, what failed task attempts left of files that are
   published and committed now (another attempt of the same task wrote them).
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 from logstore.storage import Storage
 
 from .fencing import FENCED_PREFIX, PREFIX, ObjectRecord, delete_records, parse_term_dir, records, staging, term_dir
-from .location import OutputLocation, filesystem, upload_prefix
+from .location import OUTPUT_STAGING, PROBE_PREFIX, OutputLocation, filesystem, remove_if_empty, upload_prefix
 from .multipart import abort_upload, list_uploads
 from .naming import is_file_name
 
@@ -44,7 +46,7 @@ class OutputGarbage:
 
 
 def _temp_file(path: Path) -> bool:
-    return path.is_file() and path.name.startswith(".part-") and path.name.endswith(".tmp")
+    return path.is_file() and path.name.startswith((".part-", PROBE_PREFIX)) and path.name.endswith(".tmp")
 
 
 def remove_failed_attempts(output: OutputLocation, term: int, names: Collection[str], keys: Collection[str]) -> int:
@@ -76,8 +78,10 @@ def remove_failed_attempts(output: OutputLocation, term: int, names: Collection[
 def find_output_garbage(output: OutputLocation, storage: Storage, sink_id: str, term: int) -> OutputGarbage:
     """What :func:`remove_output_garbage` would remove: nothing a writer of ``term`` could be using."""
     garbage = OutputGarbage(records=list(records(storage, below=term)))
-    found_staging = staging(output)
-    if found_staging is not None:
+    if output.is_local and output.local_root().is_dir():  # a staging probe's file, left by a crash
+        probes = output.local_root().glob(f"{PROBE_PREFIX}*.tmp")
+        garbage.staging_temp_files += sorted(p for p in probes if _temp_file(p))
+    for found_staging in staging(output):
         for child in sorted(found_staging.iterdir()):
             found = parse_term_dir(child.name)
             if _temp_file(child):
@@ -108,6 +112,10 @@ def remove_output_garbage(output: OutputLocation, storage: Storage, garbage: Out
         for key, upload_id in garbage.uploads:
             bucket, full_key, _ = fs.split_path(f"{root}/{key}")
             abort_upload(fs, bucket, full_key, upload_id)
+    if output.is_local:  # staging directories of earlier versions go once empty
+        for place in output.staging_places():
+            if place not in (output.local_staging(), output.local_root() / OUTPUT_STAGING):
+                remove_if_empty(place)
     delete_records(storage, garbage.records)
     if garbage.records:
         storage.prune_dirs(PREFIX)

@@ -8,9 +8,12 @@ retries and timeouts, :func:`logstore.storage.s3_client_options`), and S3 errors
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import threading
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +21,21 @@ from typing import Any
 
 from logstore.storage import is_local, s3_client_options
 
+from ..errors import SinkOptionError
 from .multipart import DEFAULT_PART_SIZE
 
-STAGING_SUFFIX = ".filesink-staging"
-"""The default staging directory of a local output ``<parent>/<dir>`` is ``<parent>/.<dir>.filesink-staging``."""
+OUTPUT_STAGING = "_filesink_staging"
+"""The default staging directory of a local output: ``<output>/_filesink_staging``, on the output's own file
+system even when the output is a mount point. Readers skip it (Spark, pyarrow, DuckDB, Trino skip names starting
+with ``_`` or ``.``; the temp files in it are named ``.<file>.<n>.<attempt>.tmp``, never ``*.parquet``)."""
 STATE_STAGING = "staging"
-"""A local output on the state directory's file system stages in ``<state dir>/staging``."""
+"""A local output on the state directory's file system (and mount) stages in ``<state dir>/staging``."""
+STAGING_SUFFIX = ".filesink-staging"
+"""Where earlier versions staged by default: ``<parent>/.<dir>.filesink-staging`` next to the output directory
+(on the parent's file system, which is not the output's when the output is a mount point). Only cleaned now."""
+PROBE_PREFIX = ".filesink-probe-"
+"""The staging probe's temp file, ``.filesink-probe-<random>.tmp``, renamed from the staging directory into the
+output's root and removed at once (one a crash left behind is garbage)."""
 MULTIPART_PROTOCOLS = frozenset({"s3", "s3a"})
 """fsspec protocols written with multipart uploads (nothing visible before ``CompleteMultipartUpload``)."""
 
@@ -36,22 +48,62 @@ class OutputLocation:
     """A local directory path (or ``file://`` URL), or an fsspec URL such as ``s3://bucket/table``."""
     storage_options: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
     staging_dir: str | None = None
-    """Local output only: the directory for temp files (same file system as ``url``, outside it). Default:
-    ``.<output dir name>.filesink-staging`` next to the output directory."""
+    """Local output only: the directory for temp files (on the same file system and mount as ``url``; outside
+    it, or exactly ``<url>/_filesink_staging``). Default: ``<url>/_filesink_staging``."""
     part_size: int = DEFAULT_PART_SIZE
     """S3 output only: the size of an upload part, which is also what each open object buffers."""
 
     @classmethod
     def of_sink(cls, url: str, storage_options: Mapping[str, Any], state_dir: Path) -> OutputLocation:
         """The output of a sink whose state directory is ``state_dir``: a local output on the state directory's
-        file system stages in ``<state_dir>/staging`` (no directory is created next to the output)."""
+        file system stages in ``<state_dir>/staging``, any other in ``<output>/_filesink_staging`` (also when that
+        exists already: :meth:`checked` stages there when renames from the state directory fail)."""
         if not is_local(url):
             return cls(url, dict(storage_options))
         root = Path(url.removeprefix("file://")).expanduser().absolute()
         staging = None
-        if root.exists() and state_dir.exists() and os.stat(state_dir).st_dev == os.stat(root).st_dev:
+        if (
+            not (root / OUTPUT_STAGING).is_dir()
+            and root.is_dir()
+            and state_dir.is_dir()
+            and os.stat(state_dir).st_dev == os.stat(root).st_dev
+        ):
             staging = str(state_dir / STATE_STAGING)
         return cls(url, {}, staging_dir=staging)
+
+    def checked(self) -> OutputLocation:
+        """Check that a temp file in the staging directory can be renamed into the output (a local output's files
+        are published that way); return the location to write with. Creates the staging directory.
+
+        Renames fail across file systems, and across mounts of one file system (bind mounts: same device, still
+        ``EXDEV``): when the staging directory is the state directory's, the output stages in
+        ``<output>/_filesink_staging`` instead (kept from then on, see :meth:`of_sink`). Raises
+        :class:`SinkOptionError` naming the directories if no staging directory works (a read-only output, ...),
+        before anything is written."""
+        if not self.is_local:
+            return self
+        root = self.local_root()
+        staging = self.local_staging()
+        error = _probe_rename(staging, root)
+        if error is None:
+            return self
+        inside = root / OUTPUT_STAGING
+        if error.errno == errno.EXDEV and staging != inside:
+            moved = OutputLocation(self.url, {}, staging_dir=str(inside), part_size=self.part_size)
+            if _probe_rename(inside, root) is None:
+                remove_if_empty(staging)
+                return moved
+            remove_if_empty(inside)
+        raise SinkOptionError(
+            f"the output directory {root}: a temp file in the staging directory {staging} cannot be renamed into it "
+            f"({error.strerror or error}), and the sink publishes every local file that way. Nothing was written. "
+            + (
+                "The output must be writable: check its permissions and that its file system is mounted read-write."
+                if error.errno != errno.EXDEV
+                else f"The staging directory must be on the output's own file system and mount; {staging} is not "
+                "(is something mounted there?)."
+            )
+        )
 
     @property
     def is_local(self) -> bool:
@@ -64,15 +116,57 @@ class OutputLocation:
         root = self.local_root()
         if self.staging_dir is not None:
             staging = Path(self.staging_dir.removeprefix("file://")).expanduser().absolute()
-            if staging == root or staging.is_relative_to(root):
+            if staging != root / OUTPUT_STAGING and (staging == root or staging.is_relative_to(root)):
                 raise ValueError(
                     f"staging directory {staging} is inside the output directory {root}; readers listing the "
-                    "output would see temp files. Put it next to the output directory, on the same file system."
+                    f"output would see temp files. Put it next to the output directory, on the same file system, "
+                    f"or leave it out (the default, {root / OUTPUT_STAGING}, is skipped by readers)."
                 )
             return staging
-        if not root.name:
-            raise ValueError(f"output directory {root} has no name; give a staging_dir")
-        return root.parent / f".{root.name}{STAGING_SUFFIX}"
+        return root / OUTPUT_STAGING
+
+    def staged(self, key: str) -> bool:
+        """Whether ``key`` (relative to a local output's root) is in its ``_filesink_staging/``: a temp file."""
+        return self.is_local and key.startswith(f"{OUTPUT_STAGING}/")
+
+    def staging_places(self) -> list[Path]:
+        """Every staging directory of a local output that exists: the one its writers use now, and those of
+        earlier runs or versions (``<output>/_filesink_staging``, ``.<dir>.filesink-staging`` next to it), which
+        recovery fences and cleans too."""
+        if not self.is_local:
+            return []
+        root = self.local_root()
+        candidates = [self.local_staging(), root / OUTPUT_STAGING]
+        if root.name:
+            candidates.append(root.parent / f".{root.name}{STAGING_SUFFIX}")
+        found: list[Path] = []
+        for path in candidates:
+            if path not in found and path.is_dir():
+                found.append(path)
+        return found
+
+
+def _probe_rename(staging: Path, root: Path) -> OSError | None:
+    """Rename an empty temp file from ``staging`` into ``root`` and remove it; the error if that fails."""
+    name = f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        staging.mkdir(parents=True, exist_ok=True)  # prepare_staging makes its term's directory durable
+        (staging / name).touch(exist_ok=False)
+    except OSError as e:
+        return e
+    try:
+        os.rename(staging / name, root / name)
+    except OSError as e:
+        (staging / name).unlink(missing_ok=True)
+        return e
+    (root / name).unlink(missing_ok=True)
+    return None
+
+
+def remove_if_empty(directory: Path) -> None:
+    """Remove ``directory`` if it is empty (quietly leave it otherwise)."""
+    with contextlib.suppress(OSError):
+        directory.rmdir()
 
 
 _fs_lock = threading.Lock()

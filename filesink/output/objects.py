@@ -4,8 +4,10 @@ A file writer (:func:`filesink.writer.write_file`) asks :func:`open_target` for 
 :class:`OutputObject` per partition of the file. Each object is opened and written, finished (complete and
 durable, not visible), recorded for recovery, then published; or aborted.
 
-- **Local directories**: a temp file in the writer term's staging directory (outside the output, on its file
-  system), fsynced, then renamed into place, and the directories fsynced.
+- **Local directories**: a temp file in the writer term's staging directory (on the output's file system and
+  mount: ``<output>/_filesink_staging``, or the state directory's ``staging``; checked at the sink's start by
+  :meth:`~filesink.output.location.OutputLocation.checked`), fsynced, then renamed into place, and the
+  directories fsynced.
 - **S3**: a multipart upload (:mod:`filesink.output.multipart`) that only ``CompleteMultipartUpload`` makes
   visible; with a fence, its upload id is recorded before any part is sent.
 

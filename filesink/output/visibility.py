@@ -36,7 +36,7 @@ def list_objects(
                 except FileNotFoundError:
                     continue
                 found.append((path.relative_to(root).as_posix(), size))
-        return sorted(found)
+        return sorted(f for f in found if not output.staged(f[0]))  # temp files are not objects
     fs, prefix = filesystem(output)
     fs.invalidate_cache()
     try:

@@ -14,7 +14,7 @@ import pytest
 from sink_helpers import COLUMNS, batch_rows, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.ledger import nullable_schema
+from filesink.schema import file_schema_bytes
 from logstore.failpoints import ENV_VAR, FailpointError
 
 
@@ -52,7 +52,7 @@ def _crashed_sink(tmp_path, monkeypatch, point, partition_by=None):
         desc = sink.log_store.append(epoch, table)
         sink.log_store.seal(epoch, [desc])
         if epoch == 0:
-            sink.ledger.record_schema("[]", nullable_schema(desc.schema_bytes))
+            sink.ledger.record_schema("[]", file_schema_bytes(desc.schema_bytes))
     monkeypatch.setenv(ENV_VAR, f"{point}=raise")
     with pytest.raises(FailpointError):
         sink.flush()

@@ -159,8 +159,12 @@ def test_key_columns_must_exist_and_config_is_kept(spark, tmp_path):
     with pytest.raises(SinkOptionError, match=r"key_columns names columns the batch does not have: \['nope'\]"):
         sink(batch_df(spark, batch_rows(0, 3)), 0)
     sink.close()
+    # Nothing was sealed: the user's fix, other key columns, is taken by the same state directory.
+    sink = ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", key_columns=["id"], vnodes=8)
+    sink(batch_df(spark, batch_rows(0, 3)), 0)
+    sink.close()
     with pytest.raises(SinkOptionError, match="created with key_columns"):
-        ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", key_columns=["id"], vnodes=8)
+        ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", key_columns=["user_id"], vnodes=8)
 
 
 def test_rows_rule_bounds_file_sizes(spark, tmp_path):

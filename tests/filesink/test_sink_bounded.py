@@ -35,9 +35,9 @@ def test_state_and_log_stay_bounded_over_1000_epochs(tmp_path):
         desc = store.append(epoch, table)
         store.seal(epoch, [desc])
         if epoch == 0:
-            from filesink.ledger import nullable_schema
+            from filesink.schema import file_schema_bytes
 
-            state.record_schema("[]", nullable_schema(desc.schema_bytes))
+            state.record_schema("[]", file_schema_bytes(desc.schema_bytes))
         sink._roll(force=False)
         for table_name in ("log_epochs", "log_segments", "log_segment_vnodes", "sink_files", "sink_file_vnodes"):
             count = store.db.execute(f"SELECT COUNT(*) FROM {table_name}").fetchone()[0]

@@ -119,10 +119,12 @@ def s3_path(output: OutputLocation) -> str:
 
 
 def listed(output: OutputLocation) -> dict[str, int]:
-    """Every file under the output root (relative key -> size), straight from the storage."""
+    """Every file under the output root (relative key -> size), straight from the storage; but the temp files in
+    a local output's staging directory ``_filesink_staging/``, which readers skip (``staging_files`` lists them)."""
     if output.is_local:
         root = output.local_root()
-        return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+        found = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        return {k: (root / k).stat().st_size for k in found if not k.startswith("_filesink_staging/")}
     fs = fresh_fs(output)
     root = s3_path(output)
     found = fs.find(root, detail=True)
@@ -392,7 +394,7 @@ def test_failure_mid_task_leaves_nothing(tmp_path, monkeypatch, where, request):
     if output.is_local:
         assert len(at_failure["staged"]) >= 5  # every partition's temp file was being written
         assert staging_files(output) == []
-        assert not output.local_root().exists()
+        assert [p.name for p in output.local_root().iterdir()] == ["_filesink_staging"]  # empty now
     else:
         assert at_failure["uploads"], "the test must fail while a multipart upload is in progress"
         assert s3_uploads(output) == []
@@ -414,7 +416,7 @@ def test_write_errors_name_the_file_and_key_and_clean_up(log, tmp_path):
     assert NAME in str(e.value) and "p=" in str(e.value)
     assert e.value.__cause__ is not None
     assert staging_files(output) == []
-    assert not output.local_root().exists()
+    assert [p.name for p in output.local_root().iterdir()] == ["_filesink_staging"]  # empty now
 
 
 def test_publish_waits_for_every_object(log, tmp_path, monkeypatch):
@@ -508,9 +510,9 @@ def test_nullability_and_metadata_come_from_the_task_schema(log, tmp_path):
 # -- options -------------------------------------------------------------------------------------------------
 
 
-def test_default_staging_dir_is_next_to_the_output(tmp_path):
-    assert OutputLocation(str(tmp_path / "t")).local_staging() == tmp_path / ".t.filesink-staging"
-    assert OutputLocation(f"file://{tmp_path}/t/").local_staging() == tmp_path / ".t.filesink-staging"
+def test_default_staging_dir_is_inside_the_output_where_readers_skip_it(tmp_path):
+    assert OutputLocation(str(tmp_path / "t")).local_staging() == tmp_path / "t" / "_filesink_staging"
+    assert OutputLocation(f"file://{tmp_path}/t/").local_staging() == tmp_path / "t" / "_filesink_staging"
     with pytest.raises(ValueError, match="inside the output"):
         OutputLocation(str(tmp_path / "t"), staging_dir=str(tmp_path / "t" / "tmp")).local_staging()
 

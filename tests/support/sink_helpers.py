@@ -71,7 +71,7 @@ def read_duckdb(path: str, options: dict | None = None, partition_by: tuple[str,
 
 def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
     """What the sink's Spark append and seal do for one micro-batch, in this process (vnode = user_id % V)."""
-    from filesink.ledger import nullable_schema
+    from filesink.schema import file_schema_bytes
     from logstore import VNODE_COLUMN
 
     columns = list(zip(*rows, strict=True))
@@ -80,7 +80,7 @@ def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
     descriptor = sink.log_store.append(epoch, table, writer_id="test")
     sink.log_store.seal(epoch, [descriptor])
     if sink.ledger.arrow_schema() is None:
-        sink.ledger.record_schema("[]", nullable_schema(descriptor.schema_bytes))
+        sink.ledger.record_schema("[]", file_schema_bytes(descriptor.schema_bytes))
 
 
 STREAM_SCHEMA = "id long, user_id long, event_date string, amount double"

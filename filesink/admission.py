@@ -1,0 +1,70 @@
+"""What a batch's rows must pass before they enter the log store.
+
+Everything a file writer could refuse later is refused here, in the append tasks, before the epoch is sealed: a
+refusal after the seal would hold the epoch's rows, and every row after them on the same vnodes, back for good.
+
+The driver makes one :class:`Admission` per batch (picklable) and ships it to the append tasks; each task runs
+:meth:`Admission.admit` on its rows before it writes its segment. A task that refuses reports the refusal as a
+row instead of failing, so the driver gets the message itself rather than a Spark traceback; the driver deletes the
+segments the other tasks wrote for the batch and raises :class:`~filesink.errors.BatchRefusedError`. Nothing of
+the batch is sealed, and Spark keeps the batch in its checkpoint until the query runs again.
+
+Checks, in order:
+
+1. **Schema** (:mod:`filesink.schema`): the rows are conformed to the files' Arrow schema recorded with the first
+   batch (a timestamp's time zone label, nested nullability), or refused naming the column and both types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from logstore import VNODE_COLUMN
+
+from .schema import SchemaConformError, conform
+
+REFUSED_COLUMN = "refused"
+"""The column in which an append task reports a refusal (the rest of its row is null)."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The checks of one batch, shipped to its append tasks (picklable)."""
+
+    epoch: int
+    file_schema: bytes | None = None
+    """The files' Arrow schema (:func:`filesink.schema.file_schema`), None before the first batch with rows."""
+
+    def admit(self, batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        """The task's rows as they enter the log store, or :class:`Refusal` saying what is wrong and what to do."""
+        schema = pa.ipc.read_schema(pa.py_buffer(self.file_schema)) if self.file_schema is not None else None
+        admitted = []
+        for batch in batches:
+            if schema is not None:
+                where = f"rows of batch {self.epoch}"
+                try:
+                    batch = conform(batch, schema, where, keep=(VNODE_COLUMN,))
+                except SchemaConformError as e:
+                    raise Refusal(
+                        f"{e}. The sink writes one schema, recorded with its first batch: make the query produce "
+                        "that type again (cast the column in the query), or write the changed schema to a new "
+                        "sink (new state directory, log store and output)"
+                    ) from e
+            admitted.append(batch)
+        return admitted
+
+
+class Refusal(Exception):
+    """Raised in an append task by :meth:`Admission.admit`; reported to the driver as a row."""
+
+
+def refusal_message(epoch: int, reasons: list[str]) -> str:
+    """The driver's message for a refused batch: the first task's reason, and how many tasks refused."""
+    more = f" ({len(reasons) - 1} more tasks refused rows of this batch too)" if len(reasons) > 1 else ""
+    return (
+        f"batch {epoch} was refused before it was sealed: {reasons[0]}{more}. Nothing of this batch is in the log "
+        "store, and Spark keeps it in the query's checkpoint: fix the cause and start the query again."
+    )

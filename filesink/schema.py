@@ -1,0 +1,167 @@
+"""The sink's one schema: what a Spark batch must match, and the Arrow schema its files are written with.
+
+A sink records two schemas with its first batch:
+
+- **the Spark schema**, column names and type strings (``simpleString``), which every later batch must match
+  (:func:`schema_problems`);
+- **the files' Arrow schema**: the first segment's, with every field nullable at every depth (map keys excepted:
+  Arrow and Parquet require them non-null), :func:`file_schema`.
+
+Spark's type strings say nothing of a timestamp's time zone (Spark's Arrow conversion labels timestamps with the
+session time zone) or of the nullability of nested fields (``containsNull`` and friends follow the query's plan),
+while Arrow types do. So every batch is conformed to the files' Arrow schema before it enters the log store
+(:func:`conform`): a timestamp labelled with another time zone is relabelled (the instants are the same), nested
+nullability is widened. Any other difference is refused before the epoch is sealed, naming the column and both
+types. The file writer conforms the same way, so segments sealed before this rule existed are written too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+
+class SchemaConformError(ValueError):
+    """A batch's Arrow type cannot be conformed to the files' schema (the message names the column)."""
+
+
+# -- Spark side ----------------------------------------------------------------------------------------------
+
+
+def spark_schema_json(schema: Any) -> str:
+    """A Spark ``StructType`` as the JSON list of ``[name, simpleString]`` pairs the sink records."""
+    return json.dumps([[f.name, f.dataType.simpleString()] for f in schema.fields])
+
+
+def schema_problems(recorded: str, current: str) -> list[str]:
+    """What differs between two recorded Spark schemas (:func:`spark_schema_json`), for an error message."""
+    if recorded == current:
+        return []
+    before, now = dict(json.loads(recorded)), dict(json.loads(current))
+    problems = [f"{c} ({t}) is missing" for c, t in before.items() if c not in now]
+    problems += [f"{c} ({t}) is new" for c, t in now.items() if c not in before]
+    problems += [f"{c} changed from {before[c]} to {now[c]}" for c in before if c in now and before[c] != now[c]]
+    return problems or [f"the column order changed from {list(before)} to {list(now)}"]
+
+
+def has_map(data_type: Any) -> bool:
+    """Whether a Spark data type is or contains a map, which Spark's ``hash`` refuses (``HASH_MAP_TYPE``)."""
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, T.MapType):
+        return True
+    if isinstance(data_type, T.ArrayType):
+        return has_map(data_type.elementType)
+    if isinstance(data_type, T.StructType):
+        return any(has_map(f.dataType) for f in data_type.fields)
+    return False
+
+
+def hashable_columns(schema: Any) -> list[str]:
+    """The columns of a Spark schema that Spark can hash: every column without a map in its type."""
+    return [f.name for f in schema.fields if not has_map(f.dataType)]
+
+
+# -- Arrow side ----------------------------------------------------------------------------------------------
+
+
+def _nullable_field(field: pa.Field) -> pa.Field:
+    return field.with_type(nullable_type(field.type)).with_nullable(True)
+
+
+def nullable_type(data_type: pa.DataType) -> pa.DataType:
+    """``data_type`` with every nested field nullable (map keys stay non-null, their types made nullable inside)."""
+    if pa.types.is_struct(data_type):
+        return pa.struct([_nullable_field(data_type.field(i)) for i in range(data_type.num_fields)])
+    if pa.types.is_map(data_type):
+        key = data_type.key_field
+        return pa.map_(
+            key.with_type(nullable_type(key.type)), _nullable_field(data_type.item_field), data_type.keys_sorted
+        )
+    if pa.types.is_large_list(data_type):
+        return pa.large_list(_nullable_field(data_type.value_field))
+    if pa.types.is_fixed_size_list(data_type):
+        return pa.list_(_nullable_field(data_type.value_field), data_type.list_size)
+    if pa.types.is_list(data_type):
+        return pa.list_(_nullable_field(data_type.value_field))
+    return data_type
+
+
+def file_schema(schema: pa.Schema) -> pa.Schema:
+    """The files' schema for rows of ``schema``: every field nullable at every depth, metadata kept."""
+    return pa.schema([_nullable_field(f) for f in schema], metadata=schema.metadata)
+
+
+def file_schema_bytes(schema_bytes: bytes) -> bytes:
+    """:func:`file_schema` of a serialized Arrow schema, serialized."""
+    schema = file_schema(pa.ipc.read_schema(pa.py_buffer(schema_bytes)))
+    return bytes(schema.serialize().to_pybytes())
+
+
+def conformable(got: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether values of ``got`` become ``expected`` by a cast that changes no value: the same types up to a
+    timestamp's time zone label (both with one) and the nullability of nested fields."""
+    if got.equals(expected):
+        return True
+    if pa.types.is_timestamp(got) and pa.types.is_timestamp(expected):
+        return got.unit == expected.unit and (got.tz is None) == (expected.tz is None)
+    if got.id != expected.id or got.num_fields != expected.num_fields:
+        return False
+    if pa.types.is_struct(got):
+        return all(
+            got.field(i).name == expected.field(i).name and conformable(got.field(i).type, expected.field(i).type)
+            for i in range(got.num_fields)
+        )
+    if pa.types.is_map(got):
+        return (
+            got.keys_sorted == expected.keys_sorted
+            and conformable(got.key_type, expected.key_type)
+            and conformable(got.item_type, expected.item_type)
+        )
+    if pa.types.is_fixed_size_list(got):
+        return got.list_size == expected.list_size and conformable(got.value_type, expected.value_type)
+    if pa.types.is_list(got) or pa.types.is_large_list(got):
+        return conformable(got.value_type, expected.value_type)
+    return False
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str, *, keep: tuple[str, ...] = ()) -> pa.RecordBatch:
+    """``batch`` with exactly the fields of ``schema`` (in its order; the columns named in ``keep`` are kept as
+    they are, at the end), or :class:`SchemaConformError` naming the first column that cannot be conformed.
+
+    ``schema`` must be nullable at every depth (:func:`file_schema`) wherever the batch may hold nulls: a cast
+    does not check nullability.
+    """
+    names = [n for n in batch.schema.names if n not in keep]
+    expected = schema.names
+    missing = [c for c in expected if c not in names]
+    if missing:
+        raise SchemaConformError(f"{where} lack column {missing[0]!r} of the sink schema")
+    extra = [c for c in names if c not in expected]
+    if extra:
+        raise SchemaConformError(f"{where} have column {extra[0]!r}, which the sink schema does not have")
+    if names != expected:
+        column = next(a for a, b in zip(names, expected, strict=True) if a != b)
+        raise SchemaConformError(f"{where} have column {column!r} out of place: {names}, expected {expected}")
+    arrays = []
+    for field in schema:
+        column = batch.column(field.name)
+        if not column.type.equals(field.type):
+            if not conformable(column.type, field.type):
+                raise SchemaConformError(
+                    f"{where} have column {field.name!r} of type {column.type}, the sink schema says {field.type}"
+                )
+            column = column.cast(field.type)
+        if not field.nullable and column.null_count:
+            raise SchemaConformError(
+                f"{where} have nulls in column {field.name!r}, which the sink schema declares not null"
+            )
+        arrays.append(column)
+    fields = list(schema)
+    for name in keep:
+        if name in batch.schema.names:
+            arrays.append(batch.column(name))
+            fields.append(batch.schema.field(name))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
