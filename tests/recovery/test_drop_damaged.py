@@ -20,7 +20,7 @@ from sink_helpers import COLUMNS, STREAM_SCHEMA, TYPES, batch_rows, input_file, 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.cli import main
 from filesink.errors import EXIT_DAMAGED, DamagedLogError
-from filesink.ledger import nullable_schema
+from filesink.schema import file_schema_bytes
 from logstore import VNODE_COLUMN, LogLocation, LogStore, read_plan
 from logstore.failpoints import DIR_VAR, ENV_VAR, FailpointError, fired
 from logstore.home import GIVEN_UP, given_up_path
@@ -91,7 +91,7 @@ def append(sink: ExactlyOnceParquetSink, epoch: int, parts: list[list[tuple]]) -
         names.append(d.name)
     store.seal(epoch, descriptors)
     if sink.ledger.arrow_schema() is None:
-        sink.ledger.record_schema("[]", nullable_schema(descriptors[0].schema_bytes))
+        sink.ledger.record_schema("[]", file_schema_bytes(descriptors[0].schema_bytes))
     return names
 
 
