@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from logstore.failpoints import failpoint
-from logstore.storage import storage_error
+from logstore.storage import is_storage_error, s3_error_code, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +188,31 @@ def list_uploads(fs: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
     """Every multipart upload in progress under ``prefix``, as (key, upload id)."""
     found: list[tuple[str, str]] = []
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    where = f"s3://{bucket}/{prefix}"
     while True:
         try:
             page = fs.call_s3("list_multipart_uploads", **kwargs)
-        except OSError as e:
-            raise storage_error(f"cannot list the multipart uploads under s3://{bucket}/{prefix}", e) from e
+        except Exception as e:
+            if not is_storage_error(e):
+                raise
+            code, status = s3_error_code(e)
+            if code == "NoSuchUpload":
+                # rclone's server answers NoSuchUpload when no upload is in progress (AWS answers an empty list).
+                log.debug("%s: the server answered NoSuchUpload to ListMultipartUploads: none in progress", where)
+                return found
+            if code == "NoSuchBucket":
+                raise OSError(
+                    f"cannot list the multipart uploads under {where}: bucket {bucket!r} does not exist. Create it, "
+                    "or check the output URL and the S3 endpoint."
+                ) from e
+            if code in ("NotImplemented", "MethodNotAllowed") or status in (405, 501):
+                raise OSError(
+                    f"cannot list the multipart uploads under {where}: this S3 server does not support listing "
+                    f"multipart uploads (ListMultipartUploads answered {code or status}), which the sink needs to "
+                    "find and abort uploads that a killed writer left. Use an S3 server that supports it (see "
+                    "the server matrix in docs/testing.md)."
+                ) from e
+            raise storage_error(f"cannot list the multipart uploads under {where}", e) from e
         found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads") or []]
         if not page.get("IsTruncated"):
             return found
