@@ -8,6 +8,7 @@ import pickle
 import random
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from s3servers import S3_SERVERS
 
 from filesink import writer
 from filesink.errors import FileWriteError
@@ -100,11 +102,15 @@ def multiset(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 # -- outputs -------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "moto", "rclone"])
 def output(request: pytest.FixtureRequest, tmp_path: Path) -> OutputLocation:
+    """A local output, or one on each S3 server ("s3": SeaweedFS)."""
     if request.param == "local":
         return OutputLocation(str(tmp_path / "out" / "table"))
-    return OutputLocation(request.getfixturevalue("s3_prefix") + "/table", request.getfixturevalue("s3_options"))
+    if request.param == "s3":
+        return OutputLocation(request.getfixturevalue("s3_prefix") + "/table", request.getfixturevalue("s3_options"))
+    server = request.getfixturevalue(S3_SERVERS[request.param])
+    return OutputLocation(server.url(f"test-{uuid.uuid4().hex}", "table"), server.storage_options())
 
 
 def fresh_fs(output: OutputLocation) -> Any:
