@@ -101,6 +101,24 @@ class MultipartObject:
             if self.on_gone is None or method == "create_multipart_upload":
                 raise
             raise self.on_gone() from e  # the upload was aborted under us
+        except OSError as e:
+            if self.on_gone is None or method == "create_multipart_upload" or not self.upload_gone():
+                raise
+            raise self.on_gone() from e
+
+    def upload_gone(self) -> bool:
+        """Whether the upload no longer exists (``ListParts`` answers ``NoSuchUpload``). Asked after another error:
+        some servers (moto's) answer a part or a Complete of an aborted upload with ``500 InternalError`` rather
+        than ``NoSuchUpload``."""
+        if self.upload_id is None:
+            return False
+        try:
+            self.fs.call_s3("list_parts", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, MaxParts=1)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def _create(self) -> str:
         failpoint("filesink.upload.create.before", self.key)
@@ -136,7 +154,9 @@ class MultipartObject:
                 UploadId=self.upload_id,
                 MultipartUpload={"Parts": self.parts},
             )
-        except FileNotFoundError as e:
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError) and not self.upload_gone():
+                raise
             visible = self.visible_size()
             if visible != self.size:
                 if self.on_gone is None:
