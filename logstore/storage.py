@@ -53,11 +53,14 @@ operation requires one. botocore's default (``when_supported``) adds CRC32 trail
 checksum headers of answers, which S3-compatible servers get wrong: ``rclone serve s3`` sends the whole object's
 checksum with a ranged read, which then fails. The log store checks its segments with checksums of its own,
 requests over plain HTTP are signed with a SHA-256 of their body, and HTTPS protects the rest."""
-TIMEOUT_HINT = (
-    "Check that the S3 endpoint is the right one and that its server is running and answering. The limits are "
-    "storage options: config_kwargs read_timeout (default {read:g} s), connect_timeout (default {connect:g} s) and "
-    "retries max_attempts (default {retries} retries)"
+LIMITS_HINT = (
+    "The limits are storage options: config_kwargs read_timeout (default {read:g} s), connect_timeout (default "
+    "{connect:g} s) and retries max_attempts (default {retries} retries)"
 ).format(read=S3_READ_TIMEOUT, connect=S3_CONNECT_TIMEOUT, retries=S3_RETRIES["max_attempts"])
+TIMEOUT_HINT = (
+    f"Check that the S3 endpoint is the right one and that its server is running and answering. {LIMITS_HINT}"
+)
+"""What an error of an S3 endpoint that did not answer (or could not be reached) says to do."""
 
 
 def storage_error(what: str, e: BaseException) -> OSError:

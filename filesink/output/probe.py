@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from logstore.storage import TIMEOUT_HINT, is_unreachable, open_filesystem
+from logstore.storage import LIMITS_HINT, is_unreachable, open_filesystem
 
 from ..errors import StorageAccessError
 
@@ -52,8 +52,9 @@ def check_s3(url: str, storage_options: Mapping[str, Any], what: str) -> None:
     except Exception as e:
         if is_unreachable(e):
             raise StorageAccessError(
-                f"the {what} {url}: the S3 endpoint {endpoint} did not answer ({_short(e, secret)}). "
-                f"{TIMEOUT_HINT} (--storage-option config_kwargs=JSON), and --s3-endpoint (or AWS_ENDPOINT_URL)."
+                f"the {what} {url}: cannot reach the S3 endpoint {endpoint} ({_short(e, secret)}). Check "
+                "--s3-endpoint (or AWS_ENDPOINT_URL) and that the server is running and answering. "
+                f"{LIMITS_HINT}: --storage-option config_kwargs.read_timeout=SECONDS and so on. Nothing was written."
             ) from None
         if not isinstance(e, OSError | botocore.exceptions.BotoCoreError):
             raise
