@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import communicate, kill, run, wait_for_line
+from s3servers import SilentServer
 from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
 
 from filesink.cli import parse_duration, parse_size
@@ -159,6 +160,22 @@ def test_unreachable_s3_endpoint(tmp_path):
     proc = filesink(*_args(tmp_path, "--s3-endpoint", endpoint, output="s3://bucket/table"), env=creds)
     _refused(tmp_path, proc, f"cannot reach the S3 endpoint {endpoint}", "--s3-endpoint")
     assert time.monotonic() - started < 60, "an unreachable endpoint must fail fast"
+    assert "s3cr3t-never-printed" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_an_s3_endpoint_that_never_answers_fails_the_preflight_in_about_half_a_minute(tmp_path):
+    """A server that accepts connections and never answers: with the default limits (15 s read timeout, and the
+    probe's one retry) the run stops before anything is written, naming the endpoint and the options to change."""
+    _write(tmp_path / "in", 0)
+    creds = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t-never-printed"}
+    with SilentServer() as silent:
+        started = time.monotonic()
+        proc = filesink(*_args(tmp_path, "--s3-endpoint", silent.endpoint, output="s3://bucket/table"), env=creds)
+        took = time.monotonic() - started
+    _refused(tmp_path, proc, f"cannot reach the S3 endpoint {silent.endpoint}", "read_timeout", "--storage-option")
+    assert took < 60, f"the probe took {took:.0f} s"
+    assert silent.connections == 2, "the probe's two attempts, and no retry loop on top of them"
     assert "s3cr3t-never-printed" not in proc.stderr + proc.stdout
 
 

@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -184,3 +185,41 @@ class RcloneServer(_ProcessServer):
 
     def _create_bucket(self, settings: S3Settings) -> None:
         return None  # the bucket's directory exists before the server starts
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers (nor closes it): an S3 endpoint
+    that hangs. ``connections`` counts the connections accepted."""
+
+    def __init__(self) -> None:
+        self._listener = socket.socket()
+        self._listener.bind((LOOPBACK, 0))
+        self._listener.listen(64)
+        self._listener.settimeout(0.1)
+        self.endpoint = f"http://{LOOPBACK}:{self._listener.getsockname()[1]}"
+        self.connections = 0
+        self._held: list[socket.socket] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="silent-server", daemon=True)
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._held.append(client)
+            self.connections += 1
+
+    def __enter__(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+        self._listener.close()
+        for client in self._held:
+            client.close()
