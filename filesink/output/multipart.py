@@ -122,7 +122,18 @@ class MultipartObject:
 
     def _create(self) -> str:
         failpoint("filesink.upload.create.before", self.key)
-        upload_id: str = self._call("create_multipart_upload")["UploadId"]
+        try:
+            upload_id: str = self._call("create_multipart_upload")["UploadId"]
+        except OSError as e:
+            code, status = s3_error_code(e)
+            if code in ("NotImplemented", "MethodNotAllowed") or status in (405, 501):
+                raise OSError(
+                    f"cannot start the upload of s3://{self.bucket}/{self.key}: this S3 server does not support "
+                    f"multipart uploads (CreateMultipartUpload answered {code or status}), which the sink writes "
+                    "every S3 file with, so that no reader sees a partial file. Use an S3 server that supports them "
+                    "(see the server matrix in docs/testing.md)."
+                ) from e
+            raise
         self.upload_id = upload_id
         failpoint("filesink.upload.create.after", self.key)
         if self.on_create is not None:

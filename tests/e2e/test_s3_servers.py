@@ -21,8 +21,9 @@ from sink_helpers import append_epoch, batch_df, batch_rows, read_duckdb, read_p
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.cli import main
-from filesink.output import CLAIM_NAME, file_name
-from filesink.output.multipart import list_uploads
+from filesink.output import CLAIM_NAME, OutputLocation, file_name
+from filesink.output.location import filesystem as output_filesystem
+from filesink.output.multipart import MultipartObject, list_uploads
 from filesink.s3options import build, parse_option, parse_options
 from logstore.storage import FsspecStorage, open_filesystem
 
@@ -158,6 +159,19 @@ def test_a_server_without_multipart_upload_listing_is_refused_before_anything_is
     sink.flush()
     sink.close()
     assert read_pyarrow(output, s3_server.storage_options(), PARTS) == expected
+
+
+def test_a_server_without_multipart_uploads_says_so(s3_server, s3_prefix, fault_proxy, proxy_options):
+    fault_proxy.set_rules([FaultRule("unsupported", 1.0, frozenset({"CreateMultipartUpload"}))])
+    fs, root = output_filesystem(OutputLocation(s3_prefix + "/table", proxy_options))
+    upload = MultipartObject(fs, f"{root}/a.parquet")
+    upload.write(b"x")
+    with pytest.raises(OSError) as refused:
+        upload.close()
+    message = str(refused.value)
+    assert f"cannot start the upload of {s3_prefix}/table/a.parquet" in message, message
+    assert "this S3 server does not support multipart uploads" in message, message
+    assert fault_proxy.requests["UploadPart"] == 0
 
 
 def test_rclone_ranged_reads_fail_the_checksum_check_that_the_default_leaves_off(rclone_server, tmp_path):
