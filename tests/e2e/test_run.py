@@ -294,9 +294,8 @@ def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     creds = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
     output, log = s3_prefix + "/table", s3_prefix + "/log"
     checkpoint = str(tmp_path / "checkpoint")  # kept apart from the state directory, on durable storage
-    args = _args(
-        tmp_path, "--s3-endpoint", s3_server.endpoint, "--available-now", "--checkpoint", checkpoint, output=output
-    )
+    s3 = ["--s3-endpoint", s3_server.endpoint, "--storage-option", "config_kwargs.read_timeout=30"]
+    args = _args(tmp_path, *s3, "--available-now", "--checkpoint", checkpoint, output=output)
     proc = filesink(*args, "--log-store", log, env=creds)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected
