@@ -73,6 +73,11 @@ def storage_error(what: str, e: BaseException) -> OSError:
     if is_unreachable(e):
         message += f". {TIMEOUT_HINT}."
         return TimeoutError(errno, message) if errno is not None else TimeoutError(message)
+    if type(e).__name__ == "NoCredentialsError":
+        return PermissionError(
+            f"{message}. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or give key and secret in "
+            "the storage options"
+        )
     if type(e).__name__ == "FlexibleChecksumError":
         return OSError(
             f"{message}. The S3 server sent a checksum that does not match the data it sent (this server does not "
@@ -91,9 +96,10 @@ def is_unreachable(e: BaseException) -> bool:
 
 
 def is_storage_error(e: BaseException) -> bool:
-    """Whether ``e`` is a failed storage call: an ``OSError``, or botocore's own error for a connection or checksum
-    (s3fs passes those on untranslated)."""
-    return isinstance(e, OSError) or is_unreachable(e) or type(e).__name__ == "FlexibleChecksumError"
+    """Whether ``e`` is a failed storage call: an ``OSError``, or botocore's own error for a connection, a checksum
+    or missing credentials (s3fs passes those on untranslated)."""
+    named = type(e).__name__ in ("FlexibleChecksumError", "NoCredentialsError")
+    return isinstance(e, OSError) or is_unreachable(e) or named
 
 
 def is_s3(url: str) -> bool:

@@ -283,3 +283,16 @@ def test_storage_options_from_flags_merge_in_order_and_refuse_credentials(tmp_pa
         main(["recover", "status", "--state-dir", str(tmp_path), "--storage-option", "key=AKIA"])
     assert usage.value.code == 2
     assert "never taken from the command line" in capsys.readouterr().err
+
+
+def test_missing_credentials_are_a_storage_error_saying_what_to_set(s3_server, s3_prefix, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    options = {"client_kwargs": {"endpoint_url": s3_server.endpoint}, "skip_instance_cache": True}
+    with pytest.raises(PermissionError) as refused:
+        FsspecStorage(s3_prefix + "/log", options).read_all("sink.json")
+    message = str(refused.value)
+    assert f"cannot read {s3_prefix}/log/sink.json" in message and "AWS_ACCESS_KEY_ID" in message, message
