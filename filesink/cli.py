@@ -16,6 +16,7 @@ from pathlib import Path
 from recovery.cli import add_parser as add_recover
 from recovery.cli import recover
 
+from . import s3options
 from .errors import COMMAND_ERRORS, EXIT_FAILED, report
 
 _SIZE_UNITS: dict[str, float] = {
@@ -133,12 +134,6 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="process the files there now, write every file, and exit 0 (instead of running until stopped)",
     )
     run.add_argument(
-        "--s3-endpoint",
-        metavar="URL",
-        help="S3 endpoint for an s3:// output (MinIO, SeaweedFS, ...); credentials come from AWS_ACCESS_KEY_ID "
-        "and AWS_SECRET_ACCESS_KEY or the AWS profile, never from flags",
-    )
-    run.add_argument(
         "--log-store",
         metavar="URL",
         help="where the log store keeps its segments, e.g. s3://bucket/sink-log, reachable by every executor "
@@ -170,6 +165,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="KEY=VALUE",
         help="a Spark configuration setting, e.g. spark.driver.memory=4g (repeatable)",
     )
+    s3options.add_arguments(run)
 
 
 def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -253,6 +249,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         max_file_age=args.max_file_age,
         available_now=args.available_now,
         s3_endpoint=args.s3_endpoint,
+        region=args.region,
+        extra_storage_options=s3options.build(
+            json_options=args.storage_options_json, options=args.storage_option, environ={}
+        ),
         master=args.master,
         checkpoint=args.checkpoint.absolute() if args.checkpoint else None,
         schema=args.schema,

@@ -27,6 +27,7 @@ from typing import Any
 from logstore import LogStore, LogStoreError
 from logstore.storage import is_local
 
+from . import s3options
 from .damage import given_up_line
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
 from .preflight import check_input, check_master, check_s3, make_local_dir
@@ -54,6 +55,9 @@ class RunConfig:
     max_file_age: float | None = 300.0
     available_now: bool = False
     s3_endpoint: str | None = None
+    region: str | None = None
+    extra_storage_options: dict[str, Any] = field(default_factory=dict)
+    """Storage options from ``--storage-options`` and ``--storage-option`` (:mod:`filesink.s3options`)."""
     master: str | None = None
     checkpoint: Path | None = None
     schema: str | None = None
@@ -67,16 +71,11 @@ class RunConfig:
         return self.checkpoint or self.state_dir / "checkpoint"
 
     def storage_options(self) -> dict[str, Any]:
-        """s3fs options: the endpoint from ``--s3-endpoint``; credentials from the AWS variables or profile.
-        Credentials set in this process's environment are passed on explicitly, so that executors on other
-        machines (``--master``), which append to and read from the log store, use the same ones."""
-        options: dict[str, Any] = {"client_kwargs": {"endpoint_url": self.s3_endpoint}} if self.s3_endpoint else {}
-        key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-        if key and secret:
-            options.update(key=key, secret=secret)
-            if os.environ.get("AWS_SESSION_TOKEN"):
-                options["token"] = os.environ["AWS_SESSION_TOKEN"]
-        return options
+        """s3fs options: ``--s3-endpoint``, ``--region``, ``--storage-option(s)``; credentials from the AWS
+        variables or profile. Credentials set in this process's environment are passed on explicitly, so that
+        executors on other machines (``--master``), which append to and read from the log store, use the same
+        ones."""
+        return s3options.build(endpoint=self.s3_endpoint, region=self.region, json_options=self.extra_storage_options)
 
 
 class StopRequested(FileSinkError):

@@ -34,38 +34,118 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
-S3_RETRIES: Mapping[str, Any] = {"mode": "standard", "max_attempts": 5}
-"""botocore's retry configuration for S3 clients: up to 5 retries (6 attempts) of a request; botocore's
+S3_RETRIES: Mapping[str, Any] = {"mode": "standard", "max_attempts": 3}
+"""botocore's retry configuration for S3 clients: up to 3 retries (4 attempts) of a request; botocore's
 ``max_attempts`` counts retries. Standard mode retries 5xx answers, throttling, timeouts and dropped
-connections, with exponential backoff and jitter."""
+connections, with exponential backoff and jitter (AWS's own SDKs default to 2 retries)."""
 S3_CONNECT_TIMEOUT = 10.0
-S3_READ_TIMEOUT = 60.0
-"""Seconds to wait for a connection, and for the server's answer (per socket read)."""
+S3_READ_TIMEOUT = 15.0
+"""Seconds to wait for a connection, and for the server's answer (per socket read). With :data:`S3_RETRIES`,
+a server that accepts connections and never answers fails a call after about a minute (4 x 15 s and the
+backoff between the attempts)."""
+S3FS_RETRIES = 1
+"""Attempts of s3fs's own retry loop around each call (its ``retries``, 5 by default). Each of its attempts is a
+whole botocore call with botocore's retries, so s3fs's default multiplied the time a dead endpoint takes by 5;
+botocore's retries are the only ones. Set ``retries`` in the storage options to change it."""
+S3_CHECKSUMS = "when_required"
+"""botocore's ``request_checksum_calculation`` and ``response_checksum_validation``: checksums only where an
+operation requires one. botocore's default (``when_supported``) adds CRC32 trailers to uploads and checks the
+checksum headers of answers, which S3-compatible servers get wrong: ``rclone serve s3`` sends the whole object's
+checksum with a ranged read, which then fails. The log store checks its segments with checksums of its own,
+requests over plain HTTP are signed with a SHA-256 of their body, and HTTPS protects the rest."""
+LIMITS_HINT = (
+    "The limits are storage options: config_kwargs read_timeout (default {read:g} s), connect_timeout (default "
+    "{connect:g} s) and retries max_attempts (default {retries} retries)"
+).format(read=S3_READ_TIMEOUT, connect=S3_CONNECT_TIMEOUT, retries=S3_RETRIES["max_attempts"])
+TIMEOUT_HINT = (
+    f"Check that the S3 endpoint is the right one and that its server is running and answering. {LIMITS_HINT}"
+)
+"""What an error of an S3 endpoint that did not answer (or could not be reached) says to do."""
 
 
-def storage_error(what: str, e: OSError) -> OSError:
+def storage_error(what: str, e: BaseException) -> OSError:
     """``e`` (what a storage client raised, after its retries) as an ``OSError`` saying ``what`` failed; the
-    built-in subclass of its errno (``OSError(errno, ...)`` gives ``PermissionError``, ``TimeoutError``, ...)."""
-    message = f"{what}: {e.strerror or e}"
-    return OSError(e.errno, message) if e.errno is not None else OSError(message)
+    built-in subclass of its errno (``OSError(errno, ...)`` gives ``PermissionError``, ``TimeoutError``, ...).
+    A timeout or a connection that failed is a ``TimeoutError`` that says what to check and which storage options
+    set the limits; a checksum the server got wrong says which storage option turns the check off."""
+    errno, strerror = getattr(e, "errno", None), getattr(e, "strerror", None)
+    message = f"{what}: {strerror or e}"
+    if is_unreachable(e):
+        message += f". {TIMEOUT_HINT}."
+        return TimeoutError(errno, message) if errno is not None else TimeoutError(message)
+    if type(e).__name__ == "NoCredentialsError":
+        return PermissionError(
+            f"{message}. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or give key and secret in "
+            "the storage options"
+        )
+    if type(e).__name__ == "FlexibleChecksumError":
+        return OSError(
+            f"{message}. The S3 server sent a checksum that does not match the data it sent (this server does not "
+            "support response checksums on every request; rclone's sends the whole object's with a ranged read): "
+            f"set the storage option config_kwargs response_checksum_validation={S3_CHECKSUMS} (the default)"
+        )
+    return OSError(errno, message) if errno is not None else OSError(message)
+
+
+def is_unreachable(e: BaseException) -> bool:
+    """Whether ``e`` is botocore's error for an endpoint that did not answer in time or could not be reached."""
+    import botocore.exceptions as be
+
+    kinds = (be.ReadTimeoutError, be.ConnectTimeoutError, be.EndpointConnectionError, be.ConnectionClosedError)
+    return isinstance(e, (*kinds, TimeoutError))
+
+
+def is_storage_error(e: BaseException) -> bool:
+    """Whether ``e`` is a failed storage call: an ``OSError``, or botocore's own error for a connection, a checksum
+    or missing credentials (s3fs passes those on untranslated)."""
+    named = type(e).__name__ in ("FlexibleChecksumError", "NoCredentialsError")
+    return isinstance(e, OSError) or is_unreachable(e) or named
+
+
+def is_s3(url: str) -> bool:
+    return url.split("://", 1)[0] in ("s3", "s3a")
 
 
 def s3_client_options(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
     """The fsspec options of ``url``; for ``s3://`` and ``s3a://`` with botocore's ``retries``,
-    ``connect_timeout`` and ``read_timeout`` added to ``config_kwargs`` where the options leave them unset.
+    ``connect_timeout``, ``read_timeout`` and the checksum settings (:data:`S3_CHECKSUMS`) added to
+    ``config_kwargs`` where the options leave them unset, and without ``retries`` (s3fs's own retry loop,
+    which is not an option of its constructor: :func:`open_filesystem` sets it).
 
     Every S3 client of the sink is made from options that went through here; retries are botocore's
     (see ``docs/filesink.md``), the sink's code has no retry loop of its own.
     """
     options = dict(storage_options)
-    if url.split("://", 1)[0] not in ("s3", "s3a"):
+    if not is_s3(url):
         return options
+    options.pop("retries", None)
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("retries", dict(S3_RETRIES))
     config.setdefault("connect_timeout", S3_CONNECT_TIMEOUT)
     config.setdefault("read_timeout", S3_READ_TIMEOUT)
+    config.setdefault("request_checksum_calculation", S3_CHECKSUMS)
+    config.setdefault("response_checksum_validation", S3_CHECKSUMS)
     options["config_kwargs"] = config
     return options
+
+
+def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
+    """The fsspec filesystem and root path of ``url``, made with :func:`s3_client_options`; an S3 one makes
+    ``retries`` attempts in s3fs's own loop (default :data:`S3FS_RETRIES`)."""
+    import fsspec
+
+    options = s3_client_options(url, storage_options)
+    if not is_s3(url):
+        fs, root = fsspec.core.url_to_fs(url, **options)
+        return fs, root
+    attempts = storage_options.get("retries", S3FS_RETRIES)
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+        raise ValueError(f"storage option retries (s3fs's attempts per call) must be an integer >= 1, not {attempts!r}")
+    if attempts != S3FS_RETRIES:
+        options["skip_instance_cache"] = True  # fsspec's shared instances keep the default
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    fs.retries = attempts
+    return fs, root
 
 
 @dataclass(frozen=True)
@@ -363,9 +443,7 @@ class LocalStorage:
 
 class FsspecStorage:
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
-        import fsspec
-
-        self.fs, root = fsspec.core.url_to_fs(url, **s3_client_options(url, storage_options))
+        self.fs, root = open_filesystem(url, storage_options)
         self.root = root.rstrip("/")
         protocol = self.fs.protocol
         self._is_s3 = bool({"s3", "s3a"} & set(protocol if isinstance(protocol, tuple) else (protocol,)))
@@ -384,7 +462,9 @@ class FsspecStorage:
             yield
         except FileNotFoundError:
             raise
-        except OSError as e:
+        except Exception as e:
+            if not is_storage_error(e):
+                raise
             raise storage_error(f"cannot {action} {self.display(relpath)}", e) from e
 
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
@@ -400,21 +480,33 @@ class FsspecStorage:
         self.write(relpath, [data])
 
     def create(self, relpath: str, data: bytes) -> bool:
-        if self._is_s3:
-            bucket, key, _ = self.fs.split_path(self._full(relpath))
-            try:
-                self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-                return True
-            except OSError as e:
-                code, status = _s3_error(e)
-                if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                    return False  # the object exists (or another conditional write of it is under way)
-                if code not in ("NotImplemented", "InvalidArgument", "InvalidRequest") and status != 501:
-                    raise storage_error(f"cannot create {self.display(relpath)}", e) from e
-                log.info("%s: the S3 server refused If-None-Match (%s); checking, then writing", self.root, e)
+        if not self._is_s3:
+            with self._naming("check", relpath):
+                if self.fs.exists(self._full(relpath)):
+                    return False
+            self.write(relpath, [data])
+            return True
+        bucket, key, _ = self.fs.split_path(self._full(relpath))
+        # A check first (one HEAD): some servers (rclone's) ignore If-None-Match and replace the object. Where the
+        # server honours the condition, it closes the race between the check and the write.
         with self._naming("check", relpath):
-            if self.fs.exists(self._full(relpath)):
+            try:
+                self.fs.call_s3("head_object", Bucket=bucket, Key=key)
                 return False
+            except FileNotFoundError:
+                pass
+        try:
+            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except Exception as e:
+            if not is_storage_error(e):
+                raise
+            code, status = s3_error_code(e)
+            if isinstance(e, FileExistsError) or code in CONDITION_FAILED or status in (409, 412):
+                return False  # the object exists (or another conditional write of it is under way)
+            if code not in CONDITION_REFUSED and status != 501:
+                raise storage_error(f"cannot create {self.display(relpath)}", e) from e
+            log.info("%s: the S3 server refused If-None-Match (%s); writing after the check", self.root, e)
         self.write(relpath, [data])
         return True
 
@@ -460,7 +552,13 @@ class FsspecStorage:
         return None
 
 
-def _s3_error(e: BaseException) -> tuple[str | None, int | None]:
+CONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict")
+"""S3 error codes of a conditional write whose condition did not hold."""
+CONDITION_REFUSED = ("NotImplemented", "InvalidArgument", "InvalidRequest")
+"""S3 error codes of a server that does not support the condition (``If-None-Match: *``)."""
+
+
+def s3_error_code(e: BaseException) -> tuple[str | None, int | None]:
     """The S3 error code and HTTP status behind an exception s3fs raised (its cause is botocore's error)."""
     seen: BaseException | None = e
     while seen is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filesink import s3options
 from filesink.errors import COMMAND_ERRORS, EXIT_OK, report
 from filesink.ledger import Ledger, PlannedFile
 from filesink.lock import StateLock, lock_holder
@@ -51,13 +52,9 @@ class OpenSink:
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
-    """S3 settings from the flags; credentials from the standard AWS variables or profile (never flags)."""
-    client: dict[str, Any] = {}
-    if args.endpoint_url:
-        client["endpoint_url"] = args.endpoint_url
-    if args.region:
-        client["region_name"] = args.region
-    return {"client_kwargs": client} if client else {}
+    """S3 settings from the flags (:mod:`filesink.s3options`, the same as ``filesink run``'s); credentials from the
+    standard AWS variables or profile (never flags)."""
+    return s3options.from_args(args)
 
 
 def open_sink(
@@ -474,15 +471,7 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
             "sink's state is rebuilt from it (in memory for status and plan)",
         )
         step.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
-        step.add_argument(
-            "--s3-endpoint",
-            "--endpoint-url",
-            dest="endpoint_url",
-            metavar="URL",
-            help="S3 endpoint URL (MinIO etc.); credentials come from the "
-            "standard AWS environment variables or profile, never from flags",
-        )
-        step.add_argument("--region", metavar="NAME", help="S3 region name")
+        s3options.add_arguments(step)
         add_damage_options(step, name)
         if name == "status":
             step.add_argument(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from cluster import SparkCluster
 from faultproxy import PROXY_READ_TIMEOUT, FaultProxy
+from s3servers import S3_SERVERS, MotoServer, RcloneServer
 from session import XDIST_WORKER, session_root
 
 from filesink.demo.s3server import S3Settings, SeaweedServer, ensure_bucket, settings_from_env
@@ -54,7 +55,39 @@ def s3_options(s3_server: S3Settings) -> dict[str, Any]:
     return s3_server.storage_options()
 
 
-# --------------------------------------------- end of S3 test server --------------------------------------
+# Two more S3 servers for the contract and end-to-end tests that run on every server (docs/testing.md has the
+# matrix of what each supports): moto's server and rclone's `serve s3`, each started once per session on
+# 127.0.0.1 with random credentials and a bucket. Tests that take `any_s3_server` run once per server.
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Settings]:
+    """Settings of a moto S3 server (``moto_server``) on 127.0.0.1, with its bucket created."""
+    with MotoServer(tmp_path_factory.mktemp("moto")) as settings:
+        yield settings
+
+
+@pytest.fixture(scope="session")
+def rclone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Settings]:
+    """Settings of ``rclone serve s3`` over a local directory on 127.0.0.1, with its bucket."""
+    with RcloneServer(tmp_path_factory.mktemp("rclone")) as settings:
+        yield settings
+
+
+@pytest.fixture(params=list(S3_SERVERS))
+def any_s3_server(request: pytest.FixtureRequest) -> S3Settings:
+    """Each S3 server in turn (the test runs once per server; its id names the server)."""
+    settings: S3Settings = request.getfixturevalue(S3_SERVERS[request.param])
+    return settings
+
+
+@pytest.fixture
+def any_s3_prefix(any_s3_server: S3Settings) -> str:
+    """A fresh ``s3://<bucket>/test-<uuid hex>`` URL on ``any_s3_server``."""
+    return any_s3_server.url(f"test-{uuid.uuid4().hex}")
+
+
+# --------------------------------------------- end of S3 test servers -------------------------------------
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -62,12 +95,15 @@ def s3_options(s3_server: S3Settings) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "moto", "rclone"])
 def log_url(request, tmp_path):
-    """(URL, storage options) of an empty log store location."""
+    """(URL, storage options) of an empty log store location: local, or on each S3 server ("s3": SeaweedFS)."""
     if request.param == "local":
         return str(tmp_path / "log"), {}
-    return request.getfixturevalue("s3_prefix") + "/log", request.getfixturevalue("s3_options")
+    if request.param == "s3":
+        return request.getfixturevalue("s3_prefix") + "/log", request.getfixturevalue("s3_options")
+    server: S3Settings = request.getfixturevalue(S3_SERVERS[request.param])
+    return server.url(f"test-{uuid.uuid4().hex}", "log"), server.storage_options()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from logstore.storage import is_local, s3_client_options
+from logstore.storage import is_local, open_filesystem
 
 from ..errors import SinkOptionError
 from .multipart import DEFAULT_PART_SIZE
@@ -183,9 +183,7 @@ def filesystem(output: OutputLocation) -> tuple[Any, str]:
     with _fs_lock:
         found = _fs_cache.get(cache_key)
         if found is None:
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(output.url, **s3_client_options(output.url, options))
+            fs, root = open_filesystem(output.url, options)
             found = _fs_cache[cache_key] = (fs, root.rstrip("/"))
         return found
 

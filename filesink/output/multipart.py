@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from logstore.failpoints import failpoint
-from logstore.storage import storage_error
+from logstore.storage import is_storage_error, s3_error_code, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,39 @@ class MultipartObject:
             if self.on_gone is None or method == "create_multipart_upload":
                 raise
             raise self.on_gone() from e  # the upload was aborted under us
+        except OSError as e:
+            if self.on_gone is None or method == "create_multipart_upload" or not self.upload_gone():
+                raise
+            raise self.on_gone() from e
+
+    def upload_gone(self) -> bool:
+        """Whether the upload no longer exists (``ListParts`` answers ``NoSuchUpload``). Asked after another error:
+        some servers (moto's) answer a part or a Complete of an aborted upload with ``500 InternalError`` rather
+        than ``NoSuchUpload``."""
+        if self.upload_id is None:
+            return False
+        try:
+            self.fs.call_s3("list_parts", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, MaxParts=1)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def _create(self) -> str:
         failpoint("filesink.upload.create.before", self.key)
-        upload_id: str = self._call("create_multipart_upload")["UploadId"]
+        try:
+            upload_id: str = self._call("create_multipart_upload")["UploadId"]
+        except OSError as e:
+            code, status = s3_error_code(e)
+            if code in ("NotImplemented", "MethodNotAllowed") or status in (405, 501):
+                raise OSError(
+                    f"cannot start the upload of s3://{self.bucket}/{self.key}: this S3 server does not support "
+                    f"multipart uploads (CreateMultipartUpload answered {code or status}), which the sink writes "
+                    "every S3 file with, so that no reader sees a partial file. Use an S3 server that supports them "
+                    "(see the server matrix in docs/testing.md)."
+                ) from e
+            raise
         self.upload_id = upload_id
         failpoint("filesink.upload.create.after", self.key)
         if self.on_create is not None:
@@ -136,7 +165,9 @@ class MultipartObject:
                 UploadId=self.upload_id,
                 MultipartUpload={"Parts": self.parts},
             )
-        except FileNotFoundError as e:
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError) and not self.upload_gone():
+                raise
             visible = self.visible_size()
             if visible != self.size:
                 if self.on_gone is None:
@@ -188,11 +219,31 @@ def list_uploads(fs: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
     """Every multipart upload in progress under ``prefix``, as (key, upload id)."""
     found: list[tuple[str, str]] = []
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    where = f"s3://{bucket}/{prefix}"
     while True:
         try:
             page = fs.call_s3("list_multipart_uploads", **kwargs)
-        except OSError as e:
-            raise storage_error(f"cannot list the multipart uploads under s3://{bucket}/{prefix}", e) from e
+        except Exception as e:
+            if not is_storage_error(e):
+                raise
+            code, status = s3_error_code(e)
+            if code == "NoSuchUpload":
+                # rclone's server answers NoSuchUpload when no upload is in progress (AWS answers an empty list).
+                log.debug("%s: the server answered NoSuchUpload to ListMultipartUploads: none in progress", where)
+                return found
+            if code == "NoSuchBucket":
+                raise OSError(
+                    f"cannot list the multipart uploads under {where}: bucket {bucket!r} does not exist. Create it, "
+                    "or check the output URL and the S3 endpoint."
+                ) from e
+            if code in ("NotImplemented", "MethodNotAllowed") or status in (405, 501):
+                raise OSError(
+                    f"cannot list the multipart uploads under {where}: this S3 server does not support listing "
+                    f"multipart uploads (ListMultipartUploads answered {code or status}), which the sink needs to "
+                    "find and abort uploads that a killed writer left. Use an S3 server that supports it (see "
+                    "the server matrix in docs/testing.md)."
+                ) from e
+            raise storage_error(f"cannot list the multipart uploads under {where}", e) from e
         found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads") or []]
         if not page.get("IsTruncated"):
             return found

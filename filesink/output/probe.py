@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from logstore.storage import s3_client_options
+from logstore.storage import LIMITS_HINT, is_unreachable, open_filesystem
 
 from ..errors import StorageAccessError
 
@@ -21,15 +21,13 @@ def check_s3(url: str, storage_options: Mapping[str, Any], what: str) -> None:
     ``what`` names the location in the message (``output``, ``log store``). The secret key never appears in
     a message; the access key id is shown shortened."""
     import botocore.exceptions
-    import fsspec
 
-    options = s3_client_options(url, storage_options)
+    options = dict(storage_options)
     config = dict(options.get("config_kwargs") or {})
-    config["retries"] = {"max_attempts": 2, "mode": "standard"}  # fail fast: this is only a probe
-    config["connect_timeout"] = 5
+    config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})  # fail fast: this is only a probe
     options["config_kwargs"] = config
     options["skip_instance_cache"] = True
-    fs, root = fsspec.core.url_to_fs(url, **options)
+    fs, root = open_filesystem(url, options)
     bucket = root.split("/", 1)[0]
     endpoint = (options.get("client_kwargs") or {}).get("endpoint_url") or "AWS S3"
     key = options.get("key") or os.environ.get("AWS_ACCESS_KEY_ID") or ""
@@ -51,7 +49,15 @@ def check_s3(url: str, storage_options: Mapping[str, Any], what: str) -> None:
             f"the {what} {url}: no S3 credentials were found. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
             "or AWS_PROFILE."
         ) from None
-    except (OSError, botocore.exceptions.BotoCoreError) as e:
+    except Exception as e:
+        if is_unreachable(e):
+            raise StorageAccessError(
+                f"the {what} {url}: cannot reach the S3 endpoint {endpoint} ({_short(e, secret)}). Check "
+                "--s3-endpoint (or AWS_ENDPOINT_URL) and that the server is running and answering. "
+                f"{LIMITS_HINT}: --storage-option config_kwargs.read_timeout=SECONDS and so on. Nothing was written."
+            ) from None
+        if not isinstance(e, OSError | botocore.exceptions.BotoCoreError):
+            raise
         raise StorageAccessError(
             f"the {what} {url}: cannot reach the S3 endpoint {endpoint} ({_short(e, secret)}). Check --s3-endpoint "
             "(or AWS_ENDPOINT_URL) and that the server is running."

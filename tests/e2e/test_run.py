@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import communicate, kill, run, wait_for_line
+from s3servers import SilentServer
 from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
 
 from filesink.cli import parse_duration, parse_size
@@ -162,6 +163,22 @@ def test_unreachable_s3_endpoint(tmp_path):
     assert "s3cr3t-never-printed" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
+def test_an_s3_endpoint_that_never_answers_fails_the_preflight_in_about_half_a_minute(tmp_path):
+    """A server that accepts connections and never answers: with the default limits (15 s read timeout, and the
+    probe's one retry) the run stops before anything is written, naming the endpoint and the options to change."""
+    _write(tmp_path / "in", 0)
+    creds = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t-never-printed"}
+    with SilentServer() as silent:
+        started = time.monotonic()
+        proc = filesink(*_args(tmp_path, "--s3-endpoint", silent.endpoint, output="s3://bucket/table"), env=creds)
+        took = time.monotonic() - started
+    _refused(tmp_path, proc, f"cannot reach the S3 endpoint {silent.endpoint}", "read_timeout", "--storage-option")
+    assert took < 60, f"the probe took {took:.0f} s"
+    assert silent.connections == 2, "the probe's two attempts, and no retry loop on top of them"
+    assert "s3cr3t-never-printed" not in proc.stderr + proc.stdout
+
+
 def test_unreachable_spark_master(tmp_path):
     _write(tmp_path / "in", 0)
     port = _closed_port()
@@ -277,9 +294,8 @@ def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     creds = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
     output, log = s3_prefix + "/table", s3_prefix + "/log"
     checkpoint = str(tmp_path / "checkpoint")  # kept apart from the state directory, on durable storage
-    args = _args(
-        tmp_path, "--s3-endpoint", s3_server.endpoint, "--available-now", "--checkpoint", checkpoint, output=output
-    )
+    s3 = ["--s3-endpoint", s3_server.endpoint, "--storage-option", "config_kwargs.read_timeout=30"]
+    args = _args(tmp_path, *s3, "--available-now", "--checkpoint", checkpoint, output=output)
     proc = filesink(*args, "--log-store", log, env=creds)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected

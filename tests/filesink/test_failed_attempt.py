@@ -126,13 +126,14 @@ def test_leftovers_of_a_failed_attempt_go_when_its_retry_commits(tmp_path, reque
 
 
 def test_stalled_attempt_is_fenced_after_restart_although_its_retry_recorded_the_same_objects(
-    tmp_path, s3_prefix, s3_options, monkeypatch
+    tmp_path, any_s3_server, any_s3_prefix, monkeypatch
 ):
     """Attempt A stalls just before completing its upload; Spark retries the task and attempt B records the
     same object (another upload) before it dies too; then the driver dies. The restarted sink must fence A as
     well as B: A completing its upload after recovery dropped the file would leave a file nobody committed,
     whose rows are written again into other files."""
-    path, log_store = s3_prefix + "/table", s3_prefix + "/log"
+    path, log_store = any_s3_prefix + "/table", any_s3_prefix + "/log"
+    s3_options = any_s3_server.storage_options()
 
     def open_sink(parallelism: int) -> ExactlyOnceParquetSink:
         return ExactlyOnceParquetSink(

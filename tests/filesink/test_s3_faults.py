@@ -65,14 +65,16 @@ def uploads_in_progress(s3_server, prefix: str) -> list[str]:
 
 
 def test_s3_clients_get_botocore_retries_unless_set(s3_prefix, s3_options):
+    checksums = {"request_checksum_calculation": "when_required", "response_checksum_validation": "when_required"}
     config = s3_client_options("s3://bucket/x", {})["config_kwargs"]
-    assert config == {"retries": dict(S3_RETRIES), "connect_timeout": 10.0, "read_timeout": 60.0}
+    assert config == {"retries": dict(S3_RETRIES), "connect_timeout": 10.0, "read_timeout": 15.0, **checksums}
     mine = {"key": "k", "config_kwargs": {"retries": {"mode": "adaptive", "max_attempts": 2}, "read_timeout": 5}}
     merged = s3_client_options("s3a://bucket/x", mine)
     assert merged["config_kwargs"] == {
         "retries": {"mode": "adaptive", "max_attempts": 2},
         "read_timeout": 5,
         "connect_timeout": 10.0,
+        **checksums,
     }
     assert mine["config_kwargs"] == {"retries": {"mode": "adaptive", "max_attempts": 2}, "read_timeout": 5}
     assert s3_client_options("memory://x", {"a": 1}) == {"a": 1}
@@ -82,8 +84,9 @@ def test_s3_clients_get_botocore_retries_unless_set(s3_prefix, s3_options):
     log_fs = FsspecStorage(s3_prefix + "/log", s3_options).fs
     for fs in (output_fs, log_fs):
         config = fs.s3.meta.config
-        assert config.retries == {"mode": "standard", "total_max_attempts": 6}  # botocore's own spelling
-        assert (config.connect_timeout, config.read_timeout) == (10.0, 60.0)
+        assert config.retries == {"mode": "standard", "total_max_attempts": 4}  # botocore's own spelling
+        assert (config.connect_timeout, config.read_timeout) == (10.0, 15.0)
+        assert fs.retries == 1, "s3fs's own retry loop makes one attempt: botocore's retries are the only ones"
 
 
 def test_errors_after_retries_name_what_failed(s3_prefix, fault_proxy, proxy_options):

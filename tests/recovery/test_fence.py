@@ -11,17 +11,19 @@ from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.cli import main
 from filesink.output import file_name
 from filesink.output.fencing import Fence, ObjectRecord
+from filesink.output.multipart import list_uploads
 
 RULES = Rollover(target_file_size=None, max_epochs=1000, max_age_seconds=None)
 
 
 def _uploads(fs, bucket: str, prefix: str) -> set[str]:
-    found = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix).get("Uploads") or []
-    return {u["Key"] for u in found}
+    return {key for key, _ in list_uploads(fs, bucket, prefix)}
 
 
-def test_only_this_sinks_uploads_under_its_prefix_are_aborted(tmp_path, s3_server, s3_prefix, monkeypatch, capsys):
-    path = s3_prefix + "/table"
+def test_only_this_sinks_uploads_under_its_prefix_are_aborted(
+    tmp_path, any_s3_server, any_s3_prefix, monkeypatch, capsys
+):
+    s3_server, path = any_s3_server, any_s3_prefix + "/table"
     sink = ExactlyOnceParquetSink(
         path, tmp_path / "state", vnodes=4, rollover=RULES, storage_options=s3_server.storage_options()
     )

@@ -12,7 +12,8 @@ Before forwarding, the proxy may inject one fault into a request (``FAULT_KINDS`
 - ``timeout``: forward nothing and answer nothing until the client gives up (or ``hold_seconds`` pass);
 - ``drop``: close the connection without forwarding;
 - ``lost_response``: forward the request, let the server apply it and answer, then close the client's
-  connection without sending the answer.
+  connection without sending the answer;
+- ``unsupported``: answer ``501 NotImplemented`` itself, as a server that lacks the operation does.
 
 Faults come from :class:`FaultRule` (kind, probability, optional set of S3 operations, see
 :func:`classify`) drawn with a seeded RNG, or are queued with :meth:`FaultProxy.inject` for the next
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import parse_qs, urlsplit
 
-FAULT_KINDS = ("5xx", "timeout", "drop", "lost_response")
+FAULT_KINDS = ("5xx", "timeout", "drop", "lost_response", "unsupported")
 PROXY_READ_TIMEOUT = 2.0
 """The read timeout of clients that go through the proxy in tests (seconds)."""
 MAX_HEAD_BYTES = 64 * 1024
@@ -181,7 +182,8 @@ def _error_response(status: int, code: str, message: str, resource: str, *, head
         f"<Error><Code>{code}</Code><Message>{message}</Message><Resource>{resource}</Resource>"
         "<RequestId>faultproxy</RequestId></Error>"
     ).encode()
-    reason = {404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}[status]
+    reasons = {404: "Not Found", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
+    reason = reasons[status]
     start = f"HTTP/1.1 {status} {reason}"
     length = "0" if head_only else str(len(body))
     headers = {"content-type": "application/xml", "content-length": length, "x-amz-request-id": "faultproxy"}
@@ -379,6 +381,11 @@ class FaultProxy:
         if kind == "5xx":
             status, code, message = self._pick_5xx()
             answer = _error_response(status, code, message, urlsplit(target).path, head_only=method == "HEAD")
+            client.sendall(answer.head + answer.body)
+            return True
+        if kind == "unsupported":
+            message = "A header you provided implies functionality that is not implemented."
+            answer = _error_response(501, "NotImplemented", message, urlsplit(target).path, head_only=method == "HEAD")
             client.sendall(answer.head + answer.body)
             return True
         response = self._forward(request, method, target, operation)
