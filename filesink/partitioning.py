@@ -209,6 +209,8 @@ def partition_dir(columns: Sequence[str], values: Sequence[object], types: Seque
     """The directory of one combination of Python values (Arrow types inferred from the values unless given)."""
     if len(columns) != len(values):
         raise ValueError(f"{len(columns)} partition columns but {len(values)} values")
+    if not columns:
+        return ""
     arrays = [pa.array([v], type=types[i] if types is not None else None) for i, v in enumerate(values)]
     return partition_dirs(pa.Table.from_arrays(arrays, names=list(columns)), columns)[0]
 
