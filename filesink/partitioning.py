@@ -222,44 +222,94 @@ def _start(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
+_ESCAPED_CLASS = "[" + "".join(f"\\x{ord(ch):02x}" for ch in sorted(_ESCAPED)) + "]"
+"""A regular expression (RE2) matching one character :func:`escape` turns into ``%XX``."""
+_DEFAULT_BYTES = len(DEFAULT_PARTITION)
+_TEXT_BOUND = 40
+"""No value of a type but string, binary and decimal has a longer escaped text (a timestamp with a 7-character year
+and nanoseconds, its colons escaped, has 38 bytes); nor has ``__HIVE_DEFAULT_PARTITION__``."""
+
+
+def _text_bound(values: pa.Array) -> int | None:
+    """The most bytes the escaped text of any of ``values`` can have, or None to measure each value. Escaping
+    makes a character 3 bytes at most, and so does decoding binary (an invalid byte becomes U+FFFD)."""
+    t = values.type
+    if pa.types.is_decimal(t):
+        return max(t.precision + 3, _DEFAULT_BYTES)  # sign, point, and a leading zero when scale == precision
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
+        return _TEXT_BOUND
+    if pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t):
+        return _TEXT_BOUND
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        longest = pc.max(pc.binary_length(values)).as_py()
+        return max(3 * (longest or 0), _DEFAULT_BYTES)
+    return None
+
+
+def _text_bytes(values: pa.Array, column: str) -> pa.Array:
+    """The bytes of each value's escaped text (int64): vectorized for strings, per distinct value otherwise."""
+    t = values.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        length = pc.binary_length(values).cast(pa.int64())
+        escapes = pc.count_substring_regex(values, pattern=_ESCAPED_CLASS).cast(pa.int64())
+        escaped = pc.add(length, pc.multiply(escapes, 2))
+        return pc.if_else(pc.fill_null(pc.equal(length, 0), True), _DEFAULT_BYTES, escaped)
+    distinct = pc.unique(values)
+    texts = value_texts(distinct, column)
+    sizes = pa.array([len(escape(x).encode("utf-8", "surrogatepass")) if x else _DEFAULT_BYTES for x in texts])
+    return pc.take(sizes, pc.index_in(values, value_set=distinct, skip_nulls=False)).cast(pa.int64())
+
+
 def check_paths(batch: pa.RecordBatch, columns: Sequence[str], limits: KeyLimits) -> str | None:
     """What is wrong with the partition directories of ``batch``'s rows under the output, or None if every row's
     object key fits ``limits``: each ``col=value`` directory name, and the whole key (output prefix, directories
-    and the object's name). Work in Python is per distinct value of each column; the per-row sum of lengths, only
-    needed near the key limit, is vectorized."""
+    and the object's name).
+
+    Cheap on every batch: a column is first bounded, by its type or, for strings and binary, by three times its
+    longest value's bytes (vectorized). Only a column whose bound does not fit has its values measured, per
+    distinct value (strings vectorized, per row); the per-row sum of a key's parts is vectorized; only a refused
+    value's text is made in Python."""
     if not columns or batch.num_rows == 0:
         return None
-    distinct: list[tuple[str, pa.Array, list[str], list[int]]] = []
+    names = {c: len(escape(c).encode("utf-8", "surrogatepass")) + 1 for c in columns}  # "<column>="
+    sizes: dict[str, pa.Array | int] = {}
     for column in columns:
-        values = pc.unique(batch.column(column))
-        names = component_texts(column, values)
-        lengths = [len(n.encode("utf-8", "surrogatepass")) for n in names]
-        worst = max(range(len(names)), key=lengths.__getitem__)
-        if lengths[worst] > limits.component_bytes:
-            text = value_texts(values.slice(worst, 1), column)[0] or ""
+        values = batch.column(column)
+        bound = _text_bound(values)
+        if bound is not None and names[column] + bound <= limits.component_bytes:
+            sizes[column] = names[column] + bound
+            continue
+        size = pc.add(_text_bytes(values, column), names[column])
+        worst = pc.max(size).as_py()
+        if worst > limits.component_bytes:
+            row = pc.index(size, worst).as_py()
+            text = value_texts(values.slice(row, 1), column)[0] or ""
+            directory = component_texts(column, values.slice(row, 1))[0]
             return (
                 f"partition column {column!r} has a value of {len(text)} characters, {_start(text)}, whose directory "
-                f"name {_start(names[worst])} is {lengths[worst]} bytes long, over the {limits.component_bytes} "
-                f"bytes {limits.component_rule}; no file could hold the row. Shorten or filter such values in the "
-                f"query (for example substring({column}, 1, 100), or a hash of the value), or partition by another "
-                "column"
+                f"name {_start(directory)} is {worst} bytes long, over the {limits.component_bytes} bytes "
+                f"{limits.component_rule}; no file could hold the row. Shorten or filter such values in the query "
+                f"(for example substring({column}, 1, 100), or a hash of the value), or partition by another column"
             )
-        distinct.append((column, values, names, lengths))
+        sizes[column] = size
     fixed = limits.prefix_bytes + len(columns) + limits.name_bytes  # a '/' after each directory
-    if fixed + sum(max(lengths) for *_, lengths in distinct) <= limits.key_bytes:
+    most = sum(s if isinstance(s, int) else pc.max(s).as_py() for s in sizes.values())
+    if fixed + most <= limits.key_bytes:
         return None
-    total = pa.array([fixed] * batch.num_rows, pa.int64())
-    for column, values, _names, lengths in distinct:
-        index = pc.index_in(batch.column(column), value_set=values, skip_nulls=False)
-        total = pc.add(total, pc.take(pa.array(lengths, pa.int64()), index))
-    row = pc.index(total, pc.max(total)).as_py()
-    longest = total[row].as_py()
+    exact = {
+        c: pc.add(_text_bytes(batch.column(c), c), names[c]) if isinstance(s, int) else s for c, s in sizes.items()
+    }
+    total: pa.Array = pa.array([fixed] * batch.num_rows, pa.int64())
+    for size in exact.values():
+        total = pc.add(total, size)
+    longest = pc.max(total).as_py()
     if longest <= limits.key_bytes:
         return None
+    row = pc.index(total, longest).as_py()
     parts = []
-    for column, values, names, lengths in distinct:
-        i = pc.index_in(batch.column(column).slice(row, 1), value_set=values, skip_nulls=False)[0].as_py()
-        parts.append(f"{column}={_start(names[i].partition('=')[2], 20)} ({lengths[i]} bytes)")
+    for column in columns:
+        directory = component_texts(column, batch.column(column).slice(row, 1))[0]
+        parts.append(f"{column}={_start(directory.partition('=')[2], 20)} ({exact[column][row].as_py()} bytes)")
     return (
         f"the partition directories of a row, {', '.join(parts)}, make its object's key {longest} bytes long "
         f"({limits.prefix_bytes} bytes of output prefix and {limits.name_bytes} of object name included), over the "

@@ -22,7 +22,10 @@ from filesink.output.limits import KeyLimits
 from filesink.partitioning import (
     DEFAULT_PARTITION,
     PartitionTypeError,
+    _text_bound,
+    _text_bytes,
     check_paths,
+    component_texts,
     escape,
     java_float_text,
     legacy_partition_dir,
@@ -36,6 +39,7 @@ PREFIX = "bucket/table"
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
 
+@settings(deadline=None)
 @given(st.lists(st.one_of(st.none(), st.text(), INT64, st.booleans()), min_size=1, max_size=3))
 def test_no_value_can_leave_the_prefix_or_add_components(values):
     columns = [f"c{i}" for i in range(len(values))]
@@ -274,3 +278,28 @@ def test_check_paths_sums_the_whole_key():
     assert "make its object's key 416 bytes long" in problem
     assert "a='xxxxxxxxxxxxxxxxxxxx...' (152 bytes), b='zzzzzzzzzzzzzzzzzzzz...' (152 bytes)" in problem
     assert "over the 400 bytes a key may have on the test's store" in problem
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(max_size=12)), min_size=1, max_size=20))
+def test_the_vectorized_lengths_are_the_escaped_texts_lengths(values):
+    array = pa.array(values, pa.string())
+    expected = [len(text.encode()) - len("p=") for text in component_texts("p", array)]
+    assert _text_bytes(array, "p").to_pylist() == expected
+    assert max(expected) <= (_text_bound(array) or 0)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        pa.array([b"\xff" * 5, b"a:b", None]),
+        pa.array([1.5, math.nan, None]),
+        pa.array([decimal.Decimal("-0.00001")], pa.decimal128(5, 5)),
+        pa.array([datetime.datetime(2024, 1, 1, 1, 1, 1, 123456)], pa.timestamp("ns", "UTC")),
+    ],
+    ids=lambda a: str(a.type),
+)
+def test_the_lengths_of_other_types_are_measured_per_value_and_bounded(array):
+    expected = [len(text.encode()) - len("p=") for text in component_texts("p", array)]
+    assert _text_bytes(array, "p").to_pylist() == expected
+    assert max(expected) <= (_text_bound(array) or 0)
