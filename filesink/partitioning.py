@@ -235,7 +235,7 @@ def _text_bound(values: pa.Array) -> int | None:
     makes a character 3 bytes at most, and so does decoding binary (an invalid byte becomes U+FFFD)."""
     t = values.type
     if pa.types.is_decimal(t):
-        return max(t.precision + 3, _DEFAULT_BYTES)  # sign, point, and a leading zero when scale == precision
+        return max(int(t.precision) + 3, _DEFAULT_BYTES)  # sign, point, and a leading zero when scale == precision
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
         return _TEXT_BOUND
     if pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t):
