@@ -207,6 +207,48 @@ def test_objects_of_directories_that_one_file_system_would_merge_have_different_
     assert read_pyarrow(path, None, PARTS) == Counter(rows)
 
 
+@pytest.mark.timeout(300)
+def test_on_a_case_insensitive_file_system_every_row_arrives(tmp_path, monkeypatch):
+    """For real, on a case-insensitive, case-preserving file system (a FUSE file system, tests/support/casefs.py):
+    ``event_date=A`` and ``event_date=a`` are one directory there. With one object name in every directory (as
+    before) the second rename replaces the first object and rows are lost; with names unique across directories
+    every row arrives (in the directory first created: readers see ``a``'s rows under ``A``)."""
+    import casefs
+
+    why = casefs.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    rows = [(i, i % 3, ["A", "a", "É", "é"][i % 4], float(i)) for i in range(40)]
+
+    def run(name: str, legacy: bool) -> list[int]:
+        with casefs.mounted(tmp_path / f"{name}-backing", tmp_path / f"{name}-mount") as mount:
+            output = str(mount / "out")
+            sink = ExactlyOnceParquetSink(
+                output, tmp_path / f"{name}-state", vnodes=4, parallelism=1, partition_by=list(PARTS), rollover=NO_AGE
+            )
+            append_epoch(sink, 0, rows)
+            with monkeypatch.context() as m:
+                if legacy:  # how objects were named before: one name in every directory
+                    original = ExactlyOnceParquetSink._file_task
+                    m.setattr(
+                        ExactlyOnceParquetSink,
+                        "_file_task",
+                        lambda self, f, term: dataclasses.replace(original(self, f, term), legacy_names=True),
+                    )
+                sink.flush()
+            sink.close()
+            assert sorted(p.name for p in Path(output).iterdir() if p.is_dir() and p.name != "_filesink_staging") == [
+                "event_date=A",
+                "event_date=É",
+            ], "the file system merged the directories"
+            return list(ds.dataset(output, format="parquet").to_table(columns=["id"])["id"].to_pylist())
+
+    before = run("shared", legacy=True)
+    assert len(before) < len(rows), "with one name, the objects of a and é replaced those of A and É"
+    now = run("unique", legacy=False)
+    assert Counter(now) == Counter(r[0] for r in rows)
+
+
 def test_earlier_names_are_the_sinks_names_too():
     sink_id = "0a1b2c3d" + "0" * 24
     name = "part-0a1b2c3d-00000000000000000000-00000000000000000003-00000-00008-5f3e2a1c"
