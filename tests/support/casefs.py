@@ -62,11 +62,26 @@ def mounted(backing: Path, mountpoint: Path, timeout: float = 20.0) -> Iterator[
             )
             yield mountpoint
         finally:
-            subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, timeout=30)
+            _unmount(mountpoint)
             if proc.poll() is None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
             kill(proc)
+
+
+def _unmount(mountpoint: Path, timeout: float = 10.0) -> None:
+    """Unmount; while it is busy (a file just closed), try again, then detach it lazily."""
+    from helpers import wait_until
+
+    def unmounted() -> bool:
+        done = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, timeout=30)
+        return done.returncode == 0 or not mounted_at(mountpoint)
+
+    try:
+        wait_until(unmounted, timeout, f"{mountpoint} to unmount", interval=0.2)
+    finally:
+        if mounted_at(mountpoint):
+            subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True, timeout=30)
 
 
 def _serve(backing: str, mountpoint: str) -> None:
