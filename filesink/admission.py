@@ -13,6 +13,10 @@ Checks, in order:
 
 1. **Schema** (:mod:`filesink.schema`): the rows are conformed to the files' Arrow schema recorded with the first
    batch (a timestamp's time zone label, nested nullability), or refused naming the column and both types.
+2. **Partition paths** (:func:`filesink.partitioning.check_paths`): every row's partition directories, and the
+   whole key of its object, fit the output's limits (:mod:`filesink.output.limits`: 255 bytes a directory name,
+   1,024 bytes an S3 key, ``PATH_MAX`` a local path), or the batch is refused naming the column, the value's start
+   and the limit.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import pyarrow as pa
 
 from logstore import VNODE_COLUMN
 
+from .output.limits import KeyLimits
+from .partitioning import PartitionTypeError, check_paths
 from .schema import SchemaConformError, conform
 
 REFUSED_COLUMN = "refused"
@@ -37,6 +43,9 @@ class Admission:
     epoch: int
     file_schema: bytes | None = None
     """The files' Arrow schema (:func:`filesink.schema.file_schema`), None before the first batch with rows."""
+    partition_by: tuple[str, ...] = ()
+    limits: KeyLimits | None = None
+    """What the output's keys may be (:func:`filesink.output.limits.key_limits`); None checks no paths."""
 
     def admit(self, batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
         """The task's rows as they enter the log store, or :class:`Refusal` saying what is wrong and what to do."""
@@ -53,6 +62,13 @@ class Admission:
                         "that type again (cast the column in the query), or write the changed schema to a new "
                         "sink (new state directory, log store and output)"
                     ) from e
+            if self.partition_by and self.limits is not None:
+                try:
+                    problem = check_paths(batch, self.partition_by, self.limits)
+                except PartitionTypeError as e:
+                    problem = str(e)
+                if problem is not None:
+                    raise Refusal(f"rows of batch {self.epoch}: {problem}")
             admitted.append(batch)
         return admitted
 

@@ -56,6 +56,8 @@ from .output import (
     release_staging,
     remove_failed_attempts,
 )
+from .output.limits import key_limits
+from .partitioning import SPARK_TYPES, unsupported_columns
 from .planner import file_task, plan
 from .preflight import make_local_dir
 from .rollover import Rollover
@@ -339,6 +341,14 @@ class ExactlyOnceParquetSink:
             missing = [c for c in columns if c not in names]
             if missing:
                 raise SinkOptionError(f"{option} names columns the batch does not have: {missing} (it has {names})")
+        unsupported = unsupported_columns(schema, self.partition_by)
+        if unsupported:
+            raise SinkOptionError(
+                f"partition_by names {', '.join(unsupported)}: a partition column must have one of the types Spark "
+                f"partitions by, which the sink names directories after as Spark does ({', '.join(SPARK_TYPES)}). "
+                "Nothing was written. Partition by another column, or by a column of one of these types derived in "
+                "the query (for example a date from a timestamp, or concat_ws over an array)."
+            )
         if VNODE_COLUMN in names:
             raise SchemaMismatchError(f"the batch has a column named {VNODE_COLUMN!r}, which the sink reserves")
         if self.partition_by and len(self.partition_by) == len(names):
@@ -373,7 +383,8 @@ class ExactlyOnceParquetSink:
         vnode = F.pmod(F.hash(*keys), F.lit(self._store.vnodes)).cast("int")
         target = self._store.target
         term_prefix = self._store.writer_id("")
-        admission = Admission(epoch, self._ledger.arrow_schema())
+        limits = key_limits(self._output) if self.partition_by else None
+        admission = Admission(epoch, self._ledger.arrow_schema(), tuple(self.partition_by), limits)
 
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext

@@ -2,7 +2,8 @@
 
 A :class:`FileTask` names a file and the log store data it holds (a read plan). :func:`write_file` streams the
 plan's batches, splits the rows by the Hive partition columns and writes one Parquet object per partition
-value combination, ``<partition dirs>/<name>.parquet`` (or ``<name>.parquet`` without partitioning).
+value combination, ``<partition dirs>/<name>-<dir digest>.parquet`` (or ``<name>.parquet`` without partitioning;
+:mod:`filesink.output.naming`), the directories named as Spark names them (:mod:`filesink.partitioning`).
 
 - **Bounded memory**: per partition, rows are buffered until ``row_group_rows`` of them are there, then
   written as row groups of exactly that many rows; nothing else of the file is held in memory (object store
@@ -41,7 +42,7 @@ from logstore.failpoints import failpoint
 
 from .errors import FencedError, FileWriteError
 from .output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
-from .partitioning import partition_dir
+from .partitioning import legacy_partition_dir, partition_dirs
 from .schema import SchemaConformError
 from .schema import conform as conform_to
 
@@ -70,6 +71,9 @@ class FileTask:
     compression: str = "zstd"
     term: int = 0
     """The writer term of the run that planned the file (:mod:`filesink.output.fencing`); 0 writes unfenced."""
+    legacy_names: bool = False
+    """Name partitioned objects as versions before unique object names and Spark's directory text did (every
+    object ``<dir>/<name>.parquet``): only recovery sets it, to rewrite a file such a version left pending."""
 
     @property
     def fence(self) -> Fence | None:
@@ -79,7 +83,8 @@ class FileTask:
 @dataclass(frozen=True)
 class WrittenObject:
     key: str
-    """Path relative to the output root, ``/``-separated: ``<partition dirs>/<name>.parquet`` or ``<name>.parquet``."""
+    """Path relative to the output root, ``/``-separated: ``<partition dirs>/<name>-<dir digest>.parquet`` or
+    ``<name>.parquet``."""
     size: int
     rows: int
 
@@ -218,28 +223,36 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogB
 
 
 def split_partitions(
-    batch: pa.RecordBatch, partition_by: tuple[str, ...], data_columns: list[str]
+    batch: pa.RecordBatch, partition_by: tuple[str, ...], data_columns: list[str], *, legacy: bool = False
 ) -> list[tuple[str, pa.RecordBatch]]:
-    """The rows of ``batch`` per partition directory, in input order within each, without the partition columns."""
+    """The rows of ``batch`` per partition directory (:mod:`filesink.partitioning`), in input order within each,
+    without the partition columns. ``legacy``: directories as versions before Spark's text named them."""
     data = batch.select(data_columns)
     if not partition_by:
         return [("", data)]
     keys = pa.Table.from_batches([batch.select(list(partition_by))])
+
+    def directories(distinct: pa.Table) -> list[str]:
+        if legacy:
+            return [legacy_partition_dir(partition_by, list(row.values())) for row in distinct.to_pylist()]
+        return partition_dirs(distinct, partition_by)
+
     if batch.num_rows == 1:
-        return [(partition_dir(partition_by, list(keys.to_pylist()[0].values())), data)]
+        return [(directories(keys)[0], data)]
     # Row indices 0..n-1 (indices of an all-true mask), listed per distinct key combination; without threads
     # the hash aggregation consumes rows in order, so each list is ascending.
     keys = keys.append_column(_ROW_INDEX, pc.indices_nonzero(pc.is_null(pa.nulls(batch.num_rows))))
     groups = keys.group_by(list(partition_by), use_threads=False).aggregate([(_ROW_INDEX, "list")])
     lists = groups.column(f"{_ROW_INDEX}_list")
-    values = groups.select(list(partition_by)).to_pylist()
-    if len(values) == 1:
-        return [(partition_dir(partition_by, list(values[0].values())), data)]
-    # Several key combinations can share a directory (null and "" both become the default partition): their
-    # rows go to one file, so merge their index lists back into input order.
+    dirs = directories(groups.select(list(partition_by)))
+    if len(dirs) == 1:
+        return [(dirs[0], data)]
+    # Several key combinations can share a directory (null and "" both become the default partition, NaNs of
+    # other bits, binary values with the same UTF-8 text): their rows go to one object, so merge their index
+    # lists back into input order.
     per_dir: dict[str, list[pa.Array]] = {}
-    for i, row in enumerate(values):
-        per_dir.setdefault(partition_dir(partition_by, list(row.values())), []).append(lists[i].values)
+    for i, directory in enumerate(dirs):
+        per_dir.setdefault(directory, []).append(lists[i].values)
     out = []
     for directory, parts in per_dir.items():
         if len(parts) == 1:
@@ -269,7 +282,8 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
     def partition(directory: str) -> _PartitionWriter:
         writer = partitions.get(directory)
         if writer is None:
-            obj = target.new_object(object_key(directory, task.name), len(partitions))
+            key = object_key(directory, task.name, shared_name=task.legacy_names)
+            obj = target.new_object(key, len(partitions))
             writer = partitions[directory] = _PartitionWriter(task, file_schema, obj)
         return writer
 
@@ -279,8 +293,8 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
             if batch.num_rows == 0:
                 continue
             try:
-                pieces = split_partitions(batch, task.partition_by, data_columns)
-            except (pa.ArrowException, ValueError) as e:
+                pieces = split_partitions(batch, task.partition_by, data_columns, legacy=task.legacy_names)
+            except (pa.ArrowException, ValueError, TypeError) as e:
                 raise FileWriteError(f"file {task.name}: cannot split rows by {list(task.partition_by)}: {e}") from e
             for directory, rows in pieces:
                 partition(directory).add(rows)

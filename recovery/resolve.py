@@ -14,7 +14,8 @@
 3. for each pending file, check visibility (objects exist, sizes as their writer recorded) and act:
    visible: commit it and truncate its vnodes to its end epoch; not visible: drop it, so its vnodes rewind
    and the data is written again; partly visible (partitioned), or not what its writer recorded: write it
-   again (same plan, same objects), then commit;
+   again (same plan, same objects; a file an earlier version named, every object ``<dir>/<name>.parquet``, is
+   written again with those names and directories), then commit;
 4. remove garbage: staging temp files, this sink's multipart uploads still in progress under the output,
    older terms' writer records, and the log store's unsealed and released segments.
 
@@ -27,6 +28,7 @@ Recovery is a client of the log store, the ledger (:mod:`filesink.ledger`) and t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -39,6 +41,7 @@ from filesink.output import (
     OutputLocation,
     fence_writers,
     find_output_garbage,
+    is_shared_name,
     object_keys,
     prepare_staging,
     publish_term,
@@ -208,7 +211,10 @@ def apply_recovery(
         elif r.action is Action.COMMIT:
             ledger.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
         else:
-            objects = write_file(output, file_task(f, term))
+            task = file_task(f, term)
+            if partitioned and any(is_shared_name(key, f.name) for key, _ in r.visible):
+                task = dataclasses.replace(task, legacy_names=True)  # written by an earlier version: same keys
+            objects = write_file(output, task)
             ledger.commit([f], {f.name: sum(o.size for o in objects)}, [], term)
         failpoint("recovery.resolve.after", f.name)
         done.files.append(r)

@@ -3,7 +3,8 @@
 | module | what it owns |
 |---|---|
 | :mod:`.location` | :class:`OutputLocation` (picklable), the output's fsspec filesystem (one per process) |
-| :mod:`.naming` | object names: ``<partition dirs>/<file name>.parquet``, file names from the plan |
+| :mod:`.naming` | object names: ``<partition dirs>/<file name>-<dir digest>.parquet``, file names from the plan |
+| :mod:`.limits` | how long keys may be on each store (what partition directories are checked against) |
 | :mod:`.objects` | the writer's interface: objects invisible until published (local temp file + rename, S3 multipart) |
 | :mod:`.multipart` | the S3 multipart upload protocol, listing and aborting uploads |
 | :mod:`.fencing` | writer terms, writers' records, per-term staging directories, fencing older writers |
@@ -28,7 +29,7 @@ from .fencing import (
 )
 from .garbage import OutputGarbage, find_output_garbage, remove_failed_attempts, remove_output_garbage
 from .location import OutputLocation
-from .naming import SUFFIX, file_name, is_file_name, object_key
+from .naming import SUFFIX, file_name, is_file_name, is_object_of, is_shared_name, object_key
 from .objects import OutputObject, Target, open_target
 from .probe import check_s3
 from .visibility import list_objects, object_keys
@@ -49,6 +50,8 @@ __all__ = [
     "find_output_garbage",
     "forget_committed",
     "is_file_name",
+    "is_object_of",
+    "is_shared_name",
     "list_objects",
     "object_key",
     "object_keys",

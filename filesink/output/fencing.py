@@ -47,7 +47,7 @@ from logstore.storage import Storage, ensure_dir, fsync_dir
 from ..errors import FencedError
 from .location import OutputLocation, filesystem
 from .multipart import abort_upload
-from .naming import SUFFIX
+from .naming import is_object_of
 
 log = logging.getLogger(__name__)
 
@@ -241,4 +241,4 @@ def fence_writers(output: OutputLocation, storage: Storage, term: int) -> int:
 
 def is_recorded_key(key: str, file: str) -> bool:
     """Whether a record's key is an object of its file under the output (never outside it)."""
-    return key.rsplit("/", 1)[-1] == f"{file}{SUFFIX}" and ".." not in key.split("/") and not key.startswith("/")
+    return is_object_of(file, key.rsplit("/", 1)[-1]) and ".." not in key.split("/") and not key.startswith("/")

@@ -12,25 +12,25 @@ from pathlib import Path
 from logstore.storage import storage_error
 
 from .location import OutputLocation, filesystem
-from .naming import SUFFIX
+from .naming import is_object_of
 
 
 def object_keys(output: OutputLocation, name: str) -> list[tuple[str, int]]:
-    """Every visible ``<...>/<name>.parquet`` under the output, as (key relative to the root, size), sorted."""
-    return list_objects(output, f"file {name}", basename=f"{name}{SUFFIX}")
+    """Every visible object of the file ``name`` under the output (``<name>.parquet``, or
+    ``<dirs>/<name>-<digest>.parquet``, or as earlier versions named them ``<dirs>/<name>.parquet``), as (key
+    relative to the root, size), sorted."""
+    return list_objects(output, f"file {name}", file=name)
 
 
-def list_objects(
-    output: OutputLocation, what: str = "the output", *, basename: str | None = None
-) -> list[tuple[str, int]]:
-    """Every visible object under the output (only those named ``basename``, if given), as (key relative to the
-    root, size), sorted. Never the staging directory, which is outside the output."""
+def list_objects(output: OutputLocation, what: str = "the output", *, file: str | None = None) -> list[tuple[str, int]]:
+    """Every visible object under the output (only the objects of the file ``file``, if given), as (key relative to
+    the root, size), sorted. Never the staging directory, which is outside the output."""
     found: list[tuple[str, int]] = []
     if output.is_local:
         root = output.local_root()
         for dirpath, _dirs, files in os.walk(root):
-            for file in files if basename is None else [basename] if basename in files else []:
-                path = Path(dirpath) / file
+            for base in files if file is None else [f for f in files if is_object_of(file, f)]:
+                path = Path(dirpath) / base
                 try:
                     size = path.stat().st_size
                 except FileNotFoundError:
@@ -49,6 +49,6 @@ def list_objects(
         if info.get("type") == "directory" or not path.startswith(prefix + "/"):
             continue
         key = path[len(prefix) + 1 :]
-        if basename is None or key.rsplit("/", 1)[-1] == basename:
+        if file is None or is_object_of(file, key.rsplit("/", 1)[-1]):
             found.append((key, int(info.get("size") or 0)))
     return sorted(found)

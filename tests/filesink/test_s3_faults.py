@@ -211,7 +211,7 @@ CAMPAIGN_ROWS = 300
 CAMPAIGN_RETRIES = 1
 """botocore retries per request in the campaign: few, so that some calls fail and the sink restarts."""
 MIN_FAULTS = 200
-_NAME = re.compile(r"part-[0-9a-f]{8}-(\d{20})-(\d{20})-(\d{5})-(\d{5})-[0-9a-f]{8}\.parquet")
+_NAME = re.compile(r"part-[0-9a-f]{8}-(\d{20})-(\d{20})-(\d{5})-(\d{5})-[0-9a-f]{8}(?:-[0-9a-f]{16})?\.parquet")
 
 
 def _epoch(epoch: int, rows: list[tuple]):

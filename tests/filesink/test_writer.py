@@ -22,8 +22,9 @@ from s3servers import S3_SERVERS
 
 from filesink import writer
 from filesink.errors import FileWriteError
-from filesink.output import OutputLocation, object_keys, objects
+from filesink.output import OutputLocation, object_key, object_keys, objects
 from filesink.output.multipart import list_uploads
+from filesink.output.naming import dir_digest
 from filesink.partitioning import partition_dir
 from filesink.writer import FileTask, WrittenObject, write_file
 from logstore import LogStore, ReadItem, SegmentMissingError, append_segment, read_plan
@@ -177,7 +178,7 @@ def expected_files(rows: list[dict[str, Any]], partition_by: tuple[str, ...]) ->
     out: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         directory = partition_dir(partition_by, [row[c] for c in partition_by])
-        key = f"{directory}/{NAME}.parquet" if partition_by else f"{NAME}.parquet"
+        key = object_key(directory, NAME)
         out.setdefault(key, []).append({c: v for c, v in row.items() if c not in partition_by})
     return out
 
@@ -239,7 +240,7 @@ def test_partition_keys_and_values(log, tmp_path):
     assert {d.split("/")[0] for d in dirs} == {
         "p=__HIVE_DEFAULT_PARTITION__",  # None and "" share it
         "p=a%2Fb",
-        "p=%2E%2E",
+        "p=..",  # one path component with the column name: never a relative one
         "p=plain",
         "p=k%3Dv",
         "p=café",
@@ -311,7 +312,7 @@ def test_row_groups_are_written_as_partitions_fill(tmp_path):
     store, plan = build_log(tmp_path / "state", epochs)
     output = OutputLocation(str(tmp_path / "out"))
     written = write_file(output, task_for(store, plan, partition_by=("p",), row_group_rows=100))
-    assert [(w.key, w.rows) for w in written] == [(f"p=a/{NAME}.parquet", 1000), (f"p=b/{NAME}.parquet", 250)]
+    assert [(w.key, w.rows) for w in written] == [(object_key("p=a", NAME), 1000), (object_key("p=b", NAME), 250)]
 
     a = pq.ParquetFile(output.local_root() / written[0].key).metadata
     assert a.num_row_groups == 10
@@ -463,6 +464,9 @@ def test_object_keys_lists_the_written_objects_only(log, output):
         f"p=plain/{NAME}",
         f"p=plain/x{NAME}.parquet",
         f"deep/er/{NAME}.parquetx",
+        f"p=plain/{NAME}-0123456789abcdeg.parquet",  # not a digest
+        f"p=plain/{NAME}-0123456789abcdef0.parquet",
+        f"p=plain/{NAME}-{dir_digest('p=plain')}.parquet.tmp",
     ]
     sibling = OutputLocation(output.url + "2", output.storage_options)  # a prefix of the root is not the root
     if output.is_local:
@@ -478,8 +482,19 @@ def test_object_keys_lists_the_written_objects_only(log, output):
             fs.pipe_file(f"{s3_path(output)}/{key}", b"x")
         fs.pipe_file(f"{s3_path(sibling)}/p=a/{NAME}.parquet", b"x")
     assert object_keys(output, NAME) == [(w.key, w.size) for w in written]
-    assert all(w.key.endswith(f"/{NAME}.parquet") for w in written)
+    assert all(w.key == object_key(w.key.rsplit("/", 1)[0], NAME) for w in written)
     assert object_keys(output, "part-unknown") == []
+    # An object named as earlier versions named every object of a file is found too (a sink upgraded with files
+    # pending), and the new names differ per directory, after case folding too.
+    legacy = f"p=legacy/{NAME}.parquet"
+    if output.is_local:
+        (output.local_root() / "p=legacy").mkdir()
+        (output.local_root() / legacy).write_bytes(b"old")
+    else:
+        fresh_fs(output).pipe_file(f"{s3_path(output)}/{legacy}", b"old")
+    assert object_keys(output, NAME) == sorted([(w.key, w.size) for w in written] + [(legacy, 3)])
+    names = [w.key.rsplit("/", 1)[-1].casefold() for w in written]
+    assert len(set(names)) == len(names) > 1
 
 
 # -- 7. schema mismatch --------------------------------------------------------------------------------------
