@@ -28,6 +28,14 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "==> creating virtual environment $venv"
     "$python_bin" -m venv "$venv"
 fi
+if [ "${1:-}" = "[test]" ] && ! command -v fusermount3 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+    && command -v apt-get >/dev/null 2>&1; then
+    # Debian's fuse3 mounts the case-insensitive file system of one partition test; without it, that test skips.
+    echo "==> installing fuse3 for the case-insensitive file system test"
+    { timeout 300 apt-get install -y -qq fuse3 || { timeout 300 apt-get update -qq && timeout 300 apt-get install -y -qq fuse3; }; } \
+        >/dev/null 2>&1 || echo "    could not install fuse3: the case-insensitive file system test will be skipped"
+fi
+
 echo "==> installing the project${1:-} into $venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet --editable "$repo${1:-}"
