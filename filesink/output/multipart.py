@@ -126,7 +126,7 @@ class MultipartObject:
             upload_id: str = self._call("create_multipart_upload")["UploadId"]
         except OSError as e:
             code, status = s3_error_code(e)
-            if code in ("NotImplemented", "MethodNotAllowed") or status in (405, 501):
+            if _unsupported(code, status):
                 raise OSError(
                     f"cannot start the upload of s3://{self.bucket}/{self.key}: this S3 server does not support "
                     f"multipart uploads (CreateMultipartUpload answered {code or status}), which the sink writes "
@@ -204,6 +204,11 @@ class MultipartObject:
             )
 
 
+def _unsupported(code: str | None, status: int | None) -> bool:
+    """Whether an S3 error says the server does not implement the request (not that this request failed)."""
+    return code in ("NotImplemented", "MethodNotAllowed") or status in (405, 501)
+
+
 def abort_upload(fs: Any, bucket: str, key: str, upload_id: str) -> bool:
     """Abort an upload; False if it no longer exists (already aborted or completed)."""
     try:
@@ -236,7 +241,7 @@ def list_uploads(fs: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
                     f"cannot list the multipart uploads under {where}: bucket {bucket!r} does not exist. Create it, "
                     "or check the output URL and the S3 endpoint."
                 ) from e
-            if code in ("NotImplemented", "MethodNotAllowed") or status in (405, 501):
+            if _unsupported(code, status):
                 raise OSError(
                     f"cannot list the multipart uploads under {where}: this S3 server does not support listing "
                     f"multipart uploads (ListMultipartUploads answered {code or status}), which the sink needs to "
