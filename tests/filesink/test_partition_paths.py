@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from sink_helpers import COLUMNS, STREAM_SCHEMA, TYPES, append_epoch, parquet_files, read_pyarrow
+from sink_helpers import COLUMNS, STREAM_SCHEMA, TYPES, append_epoch, parquet_files, read_pyarrow, run_query
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.errors import BatchRefusedError
@@ -53,27 +53,6 @@ def _write_input(directory: Path, batch: int, rows: list[tuple]) -> None:
     pq.write_table(table, directory / f"batch-{batch:03d}.parquet")
 
 
-def _query(spark, sink, source: Path, checkpoint: Path, fix=None):
-    """One available-now run over ``source`` (a file per batch) into ``sink``, the user's ``fix`` applied to the
-    stream; the query's error, or None."""
-    from pyspark.errors import StreamingQueryException
-
-    stream = spark.readStream.schema(STREAM_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
-    if fix is not None:
-        stream = fix(stream)
-    query = (
-        stream.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        assert query.awaitTermination(300), "the query did not finish in 300 s"
-    except StreamingQueryException as e:
-        return e
-    return query.exception()
-
-
 def _nothing_of(sink: ExactlyOnceParquetSink, epoch: int) -> None:
     """Nothing of ``epoch`` is in the log store: not sealed, no segment recorded or left on disk."""
     store = sink.log_store
@@ -99,7 +78,7 @@ def test_a_long_partition_value_is_refused_before_the_seal_and_the_fixed_query_r
         _write_input(source, b, rows)
 
     sink = _sink(path, tmp_path)
-    error = _query(spark, sink, source, checkpoint)
+    error = run_query(spark, sink, source, checkpoint)
     assert error is not None
     message = str(error)
     assert "BatchRefusedError" in message and "batch 1 was refused before it was sealed" in message
@@ -115,7 +94,7 @@ def test_a_long_partition_value_is_refused_before_the_seal_and_the_fixed_query_r
     from pyspark.sql import functions as F
 
     sink = _sink(path, tmp_path)
-    error = _query(
+    error = run_query(
         spark, sink, source, checkpoint, lambda s: s.withColumn("event_date", F.substring("event_date", 1, 100))
     )
     assert error is None, error

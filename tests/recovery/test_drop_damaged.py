@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from helpers import run
-from sink_helpers import COLUMNS, STREAM_SCHEMA, TYPES, batch_rows, input_file, parquet_files, read_pyarrow
+from sink_helpers import COLUMNS, TYPES, batch_rows, input_file, parquet_files, read_pyarrow, run_query
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.cli import main
@@ -326,15 +326,8 @@ def test_drop_damaged_killed_half_way_and_run_again_ends_the_same(tmp_path, caps
 def _query(spark, sink: ExactlyOnceParquetSink, source: Path, checkpoint: Path) -> None:
     """An available-now run of a streaming query over ``source``, two files per micro-batch (two tasks, so two
     segments per epoch)."""
-    stream = spark.readStream.schema(STREAM_SCHEMA).option("maxFilesPerTrigger", 2).parquet(str(source))
-    query = (
-        stream.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(300), "the query did not finish in 300 s"
-    assert query.exception() is None, query.exception()
+    error = run_query(spark, sink, source, checkpoint, files_per_batch=2)
+    assert error is None, error
 
 
 def _segment_rows(store: LogStore, name: str) -> dict[int, Counter]:

@@ -95,9 +95,12 @@ def input_file(directory: Path, batch: int, rows: int = 300) -> Counter:
     return Counter(data)
 
 
-def run_query(spark, sink, source: Path, checkpoint: Path):
-    """One available-now run of a query over ``source`` (a file per batch) into ``sink``; its error, or None."""
-    stream = spark.readStream.schema(STREAM_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
+def run_query(spark, sink, source: Path, checkpoint: Path, *, files_per_batch: int = 1, fix=None):
+    """One available-now run of a query over ``source`` (``files_per_batch`` files a batch) into ``sink``, the
+    user's ``fix`` applied to the stream if given; the query's error, or None."""
+    stream = spark.readStream.schema(STREAM_SCHEMA).option("maxFilesPerTrigger", files_per_batch).parquet(str(source))
+    if fix is not None:
+        stream = fix(stream)
     query = (
         stream.writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(checkpoint))
