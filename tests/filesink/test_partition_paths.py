@@ -95,7 +95,7 @@ def test_a_long_partition_value_is_refused_before_the_seal_and_the_fixed_query_r
 
     sink = _sink(path, tmp_path)
     error = run_query(
-        spark, sink, source, checkpoint, lambda s: s.withColumn("event_date", F.substring("event_date", 1, 100))
+        spark, sink, source, checkpoint, fix=lambda s: s.withColumn("event_date", F.substring("event_date", 1, 100))
     )
     assert error is None, error
     sink.flush()
