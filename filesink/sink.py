@@ -38,6 +38,15 @@ from recovery.resolve import RecoveryPlan, apply_recovery
 from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .backlog import BacklogTracker
 from .damage import check_planned, diagnose, given_up_line
+from .description import (
+    SinkDescription,
+    connect_client,
+    flush_through_connect,
+    forget,
+    open_described,
+    opened_here,
+    pickled_for_foreach_batch,
+)
 from .errors import (
     BatchRefusedError,
     CheckpointMismatchError,
@@ -69,18 +78,6 @@ log = logging.getLogger(__name__)
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
-
-
-def _columns(value: Sequence[str] | None, name: str) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str) or not all(isinstance(c, str) and c for c in value):
-        raise SinkOptionError(f"{name} must be a list of column names, not {value!r}")
-    if len(set(value)) != len(value):
-        raise SinkOptionError(f"{name} lists a column twice: {list(value)!r}")
-    if VNODE_COLUMN in value:
-        raise SinkOptionError(f"{name}: the column name {VNODE_COLUMN!r} is reserved by the sink")
-    return list(value)
 
 
 @dataclass
@@ -120,33 +117,59 @@ class ExactlyOnceParquetSink:
         compression: str = "zstd",
         accept_state_loss: bool = False,
     ) -> None:
-        if not isinstance(path, str) or not path:
-            raise SinkOptionError(
-                f"path must be a local directory or an fsspec URL such as s3://bucket/table, not {path!r}"
-            )
-        if not isinstance(vnodes, int) or isinstance(vnodes, bool) or not 1 <= vnodes <= 2**15:
-            raise SinkOptionError(f"vnodes must be an integer from 1 to 32768, not {vnodes!r}")
-        if parallelism is not None and (
-            not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1
-        ):
-            raise SinkOptionError(
-                f"parallelism must be a positive integer or None (Spark's default), not {parallelism!r}"
-            )
-        if rollover is not None and not isinstance(rollover, Rollover):
-            raise SinkOptionError(f"rollover must be a filesink.Rollover, not {type(rollover).__name__}")
-        if not isinstance(row_group_rows, int) or row_group_rows < 1:
-            raise SinkOptionError(f"row_group_rows must be a positive integer, not {row_group_rows!r}")
-        self.key_columns = _columns(key_columns, "key_columns")
-        self.partition_by = _columns(partition_by, "partition_by") or []
-        self.rollover = rollover or Rollover()
-        self.parallelism = parallelism
-        self.vnodes = vnodes
-        options = dict(storage_options or {})
-        state = Path(state_dir).absolute()
-        if is_local(path):
-            path = str(Path(path.removeprefix("file://")).expanduser().absolute())
-            if state == Path(path) or Path(path) in state.parents or state in Path(path).parents:
-                raise SinkOptionError(f"state_dir {state} and the output path {path} must not contain each other")
+        self._description = SinkDescription.checked(
+            path,
+            state_dir,
+            log_store,
+            key_columns,
+            vnodes,
+            parallelism,
+            partition_by,
+            rollover,
+            storage_options,
+            row_group_rows,
+            compression,
+            accept_state_loss,
+            remote=connect_client(),
+        )
+        if connect_client():
+            self._describe()  # opens on the Spark Connect server, at its first batch there
+        else:
+            self._open()
+
+    @classmethod
+    def open_description(cls, description: SinkDescription) -> ExactlyOnceParquetSink:
+        """Open the sink ``description`` describes, in this process (see :mod:`filesink.description`)."""
+        sink = cls.__new__(cls)
+        sink._description = description
+        sink._open()
+        return sink
+
+    def _describe(self) -> None:
+        """Be the description only: nothing is opened in this process until a batch arrives."""
+        d = self._description
+        self._is_open = False
+        self._closed = False
+        self.path = d.path
+        self.state_dir = Path(d.state_dir)
+        self.key_columns = list(d.key_columns) if d.key_columns is not None else None
+        self.partition_by = list(d.partition_by)
+        self.rollover = d.rollover
+        self.parallelism = d.parallelism
+        self.vnodes = d.vnodes
+        self.stats = SinkStats()
+        """On a Spark Connect client this stays empty: the sink counts on the server."""
+
+    def _open(self) -> None:
+        """Take the state directory's lock, open the log store and the output, and run recovery."""
+        d = self._description
+        self._describe()
+        self._is_open = True
+        path = d.path
+        state = self.state_dir
+        options = dict(d.storage_options)
+        log_store = d.log_store
+        vnodes = d.vnodes
         made = [(Path(path), "the output path")] if is_local(path) else []
         made.append((state, "state_dir"))
         local_log = LogLocation(log_store).canonical if log_store else str(state / "log")
@@ -155,8 +178,7 @@ class ExactlyOnceParquetSink:
             make_local_dir(directory, what, create=False)
         for directory, what in made:
             make_local_dir(directory, what)
-        self.path = path.rstrip("/")
-        self.state_dir = state
+        row_group_rows, compression, accept_state_loss = d.row_group_rows, d.compression, d.accept_state_loss
         self._row_group_rows = row_group_rows
         self._sample: Sample | None = None
         self._compression = compression
@@ -204,11 +226,14 @@ class ExactlyOnceParquetSink:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Process one micro-batch: ``query = df.writeStream.foreachBatch(sink).start()``."""
+        if not self._is_open:  # unpickled on a Spark Connect server: open (once per process) at the first batch
+            opened = open_described(self._description)
+            self.stats = opened.stats
+            opened(df, batch_id)
+            return
         with self._lock:
             self._check_usable()
-            self._spark = df.sparkSession
-            if self.parallelism is None:
-                self.parallelism = int(self._spark.sparkContext.defaultParallelism)
+            self.use_spark(df.sparkSession)
             last = self._check_batch(batch_id)
             if batch_id > last:
                 self._check_schema(df.schema)
@@ -219,6 +244,14 @@ class ExactlyOnceParquetSink:
                 self.stats.last_epoch = batch_id
             self._roll(force=False)
             self._start_timer()
+
+    def use_spark(self, spark: Any) -> None:
+        """Run this sink's Spark jobs with ``spark`` (the batch's session: classic, or a Connect session on the
+        server), and take Spark's default parallelism if none was given."""
+        with self._lock:
+            self._spark = spark
+            if self.parallelism is None:
+                self.parallelism = default_parallelism(spark)
 
     def _check_batch(self, batch_id: int) -> int:
         """Refuse, before anything is written, a batch that is not this sink's to take; return the last sealed
@@ -255,19 +288,55 @@ class ExactlyOnceParquetSink:
 
     def check_schema(self, schema: Any) -> None:
         """Raise :class:`SchemaMismatchError` (or :class:`SinkOptionError`) if batches of the Spark ``schema`` would
-        be refused; a new sink records it as its schema. Lets a job fail before it starts its query."""
+        be refused; a new sink records it as its schema. Lets a job fail before it starts its query.
+
+        On a Spark Connect client, where the sink's state is on the server, only what the options say is checked
+        (columns named, partition types, the reserved column); the recorded schema is compared at the first batch.
+        """
+        if not self._is_open:
+            self._check_columns(schema)
+            return
         with self._lock:
             self._check_usable()
             self._check_schema(schema)
 
     def flush(self) -> None:
-        """Write everything the log store holds now (for example after an available-now run)."""
+        """Write everything the log store holds now (for example after an available-now run).
+
+        Under Spark Connect, where the sink lives on the server, this runs a one-batch query there that opens the
+        sink, writes what it holds and closes it (:func:`filesink.description.flush_through_connect`); the query
+        that writes through the sink must be stopped."""
+        if not self._is_open:
+            opened = opened_here(self._description)
+            if opened is not None:
+                opened.flush()
+                return
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+            if spark is None:
+                raise SinkOptionError(
+                    f"flush() of the sink for {self.path}: the sink opens on the Spark Connect server, and flush() "
+                    "reaches it through the active Spark session, but there is none. Call flush() with the Connect "
+                    "session that ran the query still open."
+                )
+            flush_through_connect(self._description, spark)
+            return
         with self._lock:
             self._check_usable()
             self._roll(force=True)
 
     def close(self) -> None:
-        """Stop the idle-rollover timer and release the state directory. Data held stays in the log store."""
+        """Stop the idle-rollover timer and release the state directory. Data held stays in the log store.
+
+        On a Spark Connect client this closes nothing: the sink lives in the server's foreachBatch process of its
+        query, which ends (and with it the sink, as after a kill) when the query stops."""
+        if not self._is_open:
+            opened = opened_here(self._description)
+            if opened is not None:
+                opened.close()
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return
@@ -279,6 +348,16 @@ class ExactlyOnceParquetSink:
             release_staging(self._output, self._term)
             self._store.close()
             self._state_lock.release()
+        forget(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def description(self) -> SinkDescription:
+        """The sink's options: what it is when pickled (:mod:`filesink.description`)."""
+        return self._description
 
     def __enter__(self) -> ExactlyOnceParquetSink:
         return self
@@ -286,36 +365,61 @@ class ExactlyOnceParquetSink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("ExactlyOnceParquetSink lives on the driver; pass it to foreachBatch, not to tasks")
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not pickled_for_foreach_batch():
+            raise TypeError(
+                f"the ExactlyOnceParquetSink for {self.path} cannot go into a Spark task (a UDF, mapInArrow or "
+                "foreach function): it runs its own Spark jobs at each micro-batch. Pass the sink itself to "
+                "df.writeStream.foreachBatch(sink), and do not use it inside functions that run on executors."
+            )
+        if self._is_open:
+            raise TypeError(
+                f"the ExactlyOnceParquetSink for {self.path} was opened in this process, as in classic PySpark, "
+                "because no Spark Connect session existed when it was created; under Spark Connect it must open on "
+                "the server. Close it, and create the sink after SparkSession.builder.remote(...).getOrCreate() "
+                "(or with SPARK_REMOTE set)."
+            )
+        return (_described, (self._description,))
 
     # -- what tests and tools may look at --------------------------------------------------------------
 
     @property
     def log_store(self) -> LogStore:
         """The sink's log store (the owner of its state database's connection)."""
-        return self._store
+        return self._opened()._store
 
     @property
     def ledger(self) -> Ledger:
         """The sink's commit ledger: pending files, writer terms, recorded configuration."""
-        return self._ledger
+        return self._opened()._ledger
 
     @property
     def output(self) -> OutputLocation:
-        return self._output
+        return self._opened()._output
 
     @property
     def term(self) -> int:
         """The writer term this sink object took at start-up."""
-        return self._term
+        return self._opened()._term
 
     def recorded_spark_schema(self) -> list[tuple[str, str]] | None:
         """The Spark schema the sink recorded with its first batch, as (column, type) pairs; None before it."""
-        recorded = self._ledger.spark_schema()
+        recorded = self._opened()._ledger.spark_schema()
         return None if recorded is None else [(name, kind) for name, kind in json.loads(recorded)]
 
     # -- steps -----------------------------------------------------------------------------------------
+
+    def _opened(self) -> ExactlyOnceParquetSink:
+        if self._is_open:
+            return self
+        opened = opened_here(self._description)
+        if opened is None:
+            raise SinkOptionError(
+                f"the sink for {self.path} is not open in this process: created under a Spark Connect client, it "
+                f"opens on the server at its first batch, and its state is there ({self.state_dir}; filesink recover "
+                "status reads it on the server)."
+            )
+        return opened
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -335,7 +439,8 @@ class ExactlyOnceParquetSink:
                 "commits or rewrites them. Nothing is lost."
             )
 
-    def _check_schema(self, schema: Any) -> None:
+    def _check_columns(self, schema: Any) -> None:
+        """What the options say about a schema: the columns they name exist and can be used as named."""
         names = [f.name for f in schema.fields]
         for option, columns in (("key_columns", self.key_columns or []), ("partition_by", self.partition_by)):
             missing = [c for c in columns if c not in names]
@@ -362,6 +467,9 @@ class ExactlyOnceParquetSink:
                 f"vnodes by it. Nothing was written. Give key_columns without map columns (of {hashable}), or leave "
                 "key_columns unset: the sink then hashes every column without a map."
             )
+
+    def _check_schema(self, schema: Any) -> None:
+        self._check_columns(schema)
         current = spark_schema_json(schema)
         recorded = self._ledger.spark_schema()
         if recorded is None or (recorded != current and self._store.last_sealed_epoch == NOTHING):
@@ -593,6 +701,27 @@ _APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The Spark local property that holds the running streaming query's id (kept in its checkpoint) in foreachBatch."""
+
+
+def _described(description: SinkDescription) -> ExactlyOnceParquetSink:
+    """Unpickle a sink: its description, opened at its first batch in this process."""
+    sink = ExactlyOnceParquetSink.__new__(ExactlyOnceParquetSink)
+    sink._description = description
+    sink._describe()
+    return sink
+
+
+def default_parallelism(spark: Any) -> int:
+    """Spark's default parallelism: the SparkContext's (classic), or under Spark Connect, which has no
+    SparkContext, the number of partitions Spark gives a range (its leaf-node default parallelism)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:
+        pass
+    from pyspark.sql import functions as F
+
+    partitions = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).collect()
+    return int(partitions[0].p) + 1
 
 
 def _query_id(spark: Any) -> str | None:
