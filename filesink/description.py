@@ -79,6 +79,7 @@ class SinkDescription:
     row_group_rows: int
     compression: str
     accept_state_loss: bool
+    checkpoint_location: str | None = None
 
     @classmethod
     def checked(
@@ -95,6 +96,7 @@ class SinkDescription:
         row_group_rows: int,
         compression: str,
         accept_state_loss: bool,
+        checkpoint_location: str | None = None,
         *,
         remote: bool,
     ) -> SinkDescription:
@@ -126,6 +128,14 @@ class SinkDescription:
             path = str(local)
         if log_store and is_local(log_store):
             _absolute(log_store, "log_store", remote=remote)
+        if checkpoint_location is not None:
+            if not isinstance(checkpoint_location, str) or not checkpoint_location:
+                raise SinkOptionError(
+                    f"checkpoint_location must be the query's checkpointLocation (a path or URL), not "
+                    f"{checkpoint_location!r}"
+                )
+            if is_local(checkpoint_location):
+                checkpoint_location = str(_absolute(checkpoint_location, "checkpoint_location", remote=remote))
         return cls(
             path=path.rstrip("/"),
             state_dir=str(state),
@@ -139,6 +149,7 @@ class SinkDescription:
             row_group_rows=row_group_rows,
             compression=compression,
             accept_state_loss=bool(accept_state_loss),
+            checkpoint_location=checkpoint_location,
         )
 
 
@@ -227,6 +238,9 @@ class FlushOnServer:
 
     description: SinkDescription
     checkpoint: str
+    done_view: str
+    """A global temporary view made on the server once the flush is done: the client's proof that it ran (global
+    temporary views are shared by the server's sessions; the batch runs in a session of its own)."""
 
     def __call__(self, df: Any, batch_id: int) -> None:
         import shutil
@@ -249,22 +263,25 @@ class FlushOnServer:
             sink.flush()
         finally:
             sink.close()
+        df.sparkSession.range(1).createOrReplaceGlobalTempView(self.done_view)
 
 
 def flush_through_connect(description: SinkDescription, spark: Any) -> None:
     """Run :class:`FlushOnServer` as a one-batch query on the Connect server of ``spark``, and wait for it."""
-    checkpoint = str(Path(description.state_dir) / FLUSH_CHECKPOINTS / uuid.uuid4().hex)
+    name = uuid.uuid4().hex
+    checkpoint = str(Path(description.state_dir) / FLUSH_CHECKPOINTS / name)
+    done_view = f"filesink_flush_{name}"
     query = (
         spark.readStream.format("rate-micro-batch")
         .option("rowsPerBatch", 1)
         .load()
-        .writeStream.foreachBatch(FlushOnServer(description, checkpoint))
+        .writeStream.foreachBatch(FlushOnServer(description, checkpoint, done_view))
         .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination()  # raises the server's error (StreamingQueryException) if the flush failed
-    if not any(int(p.numInputRows) > 0 for p in query.recentProgress):
+    if not spark.catalog.dropGlobalTempView(done_view):
         from .errors import SinkFailedError
 
         raise SinkFailedError(

@@ -37,6 +37,7 @@ from recovery.resolve import RecoveryPlan, apply_recovery
 
 from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .backlog import BacklogTracker
+from .checkpoint import checkpoint_query_id
 from .damage import check_planned, diagnose, given_up_line
 from .description import (
     SinkDescription,
@@ -116,6 +117,7 @@ class ExactlyOnceParquetSink:
         row_group_rows: int = 1_000_000,
         compression: str = "zstd",
         accept_state_loss: bool = False,
+        checkpoint_location: str | None = None,
     ) -> None:
         self._description = SinkDescription.checked(
             path,
@@ -130,6 +132,7 @@ class ExactlyOnceParquetSink:
             row_group_rows,
             compression,
             accept_state_loss,
+            checkpoint_location,
             remote=connect_client(),
         )
         if connect_client():
@@ -157,6 +160,8 @@ class ExactlyOnceParquetSink:
         self.rollover = d.rollover
         self.parallelism = d.parallelism
         self.vnodes = d.vnodes
+        self._checkpoint_id: str | None = None
+        self._warned_no_query_id = False
         self.stats = SinkStats()
         """On a Spark Connect client this stays empty: the sink counts on the server."""
 
@@ -256,7 +261,7 @@ class ExactlyOnceParquetSink:
     def _check_batch(self, batch_id: int) -> int:
         """Refuse, before anything is written, a batch that is not this sink's to take; return the last sealed
         epoch. A batch id equal to it is a replay (Spark runs the last batch again after a crash)."""
-        query_id = _query_id(self._spark)
+        query_id = _query_id(self._spark) or self._checkpoint_query_id(batch_id)
         recorded = self._ledger.query_id()
         if query_id and recorded and query_id != recorded:
             raise CheckpointMismatchError(
@@ -420,6 +425,24 @@ class ExactlyOnceParquetSink:
                 "status reads it on the server)."
             )
         return opened
+
+    def _checkpoint_query_id(self, batch_id: int) -> str | None:
+        """The query id from ``checkpoint_location`` (read once), where Spark does not say it (Spark Connect)."""
+        location = self._description.checkpoint_location
+        if location is None:
+            if not self._warned_no_query_id:
+                self._warned_no_query_id = True
+                log.warning(
+                    "the sink for %s cannot see the id of the streaming query whose batch %d it takes (Spark Connect "
+                    "does not give it to foreachBatch), so it cannot refuse another query's batches. Give the sink "
+                    "checkpoint_location= the query's checkpointLocation.",
+                    self.path,
+                    batch_id,
+                )
+            return None
+        if self._checkpoint_id is None:
+            self._checkpoint_id = checkpoint_query_id(location, self._description.storage_options)
+        return self._checkpoint_id
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -720,8 +743,8 @@ def default_parallelism(spark: Any) -> int:
         pass
     from pyspark.sql import functions as F
 
-    partitions = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).collect()
-    return int(partitions[0].p) + 1
+    # every split of a 65,536-row range holds rows, so its distinct partition ids are its splits
+    return int(spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).distinct().count())
 
 
 def _query_id(spark: Any) -> str | None:
