@@ -8,6 +8,7 @@ Exit codes: 0 done, 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -147,6 +148,13 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     run.add_argument("--master", metavar="URL", help="Spark master, e.g. spark://host:7077 (default: local Spark)")
     run.add_argument(
+        "--remote",
+        metavar="URL",
+        default=os.environ.get("SPARK_REMOTE") or None,
+        help="run through the Spark Connect server at URL, e.g. sc://host:15002 (default: $SPARK_REMOTE if set); "
+        "every path is then the server's",
+    )
+    run.add_argument(
         "--checkpoint", type=Path, metavar="DIR", help="Spark checkpoint directory (default: STATE_DIR/checkpoint)"
     )
     run.add_argument(
@@ -217,7 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .run import spark_error_summary
 
         lines = "\n  ".join(spark_error_summary(e))
-        print(f"error: Spark failed:\n  {lines}\nCheck --master and the --conf settings.", file=sys.stderr)
+        print(
+            f"error: Spark failed:\n  {lines}\nCheck --master (or --remote) and the --conf settings.", file=sys.stderr
+        )
         return EXIT_FAILED
 
 
@@ -232,6 +242,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--target-file-size and --max-file-age cannot both be off: files would never be closed")
     if args.trigger is None:
         parser.error("--trigger needs an interval (use --available-now to run once)")
+    if args.remote and args.master:
+        parser.error("--master and --remote (or SPARK_REMOTE) exclude each other: give one of them")
+    if args.remote and not args.remote.startswith("sc://"):
+        parser.error(f"--remote takes a Spark Connect URL such as sc://host:15002, not {args.remote!r}")
     from rich.console import Console
 
     from .run import RunConfig, run
@@ -260,6 +274,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         spark_conf=dict(args.conf),
         log_store=args.log_store,
         accept_state_loss=args.accept_state_loss,
+        remote=args.remote,
     )
     return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
 

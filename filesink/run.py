@@ -65,6 +65,9 @@ class RunConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     log_store: str | None = None
     accept_state_loss: bool = False
+    remote: str | None = None
+    """A Spark Connect URL (``--remote``, or ``SPARK_REMOTE``): the job runs through that server, where every
+    path is the server's (:mod:`filesink.connect_run`)."""
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -141,6 +144,22 @@ def _signals(on_first: Callable[[], None]) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetSink:
+    """The sink ``config`` describes (opened here, or under Spark Connect a description opened by the server)."""
+    return ExactlyOnceParquetSink(
+        config.output,
+        config.state_dir,
+        log_store=config.log_store,
+        accept_state_loss=config.accept_state_loss,
+        key_columns=config.keys or None,
+        partition_by=config.partition_by or None,
+        parallelism=config.parallelism,
+        rollover=Rollover(target_file_size=config.target_file_size, max_age_seconds=config.max_file_age),
+        storage_options=options,
+        checkpoint_location=str(config.checkpoint_dir),
+    )
+
+
 def spark_session(config: RunConfig) -> Any:
     from pyspark.sql import SparkSession
 
@@ -192,6 +211,10 @@ def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, ha
 def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> int:
     """Run the job; returns the exit status. Errors of the sink and of the input are raised as
     :class:`FileSinkError`; a failed streaming query is reported and returns ``EXIT_FAILED``."""
+    if config.remote:
+        from .connect_run import run_remote
+
+        return run_remote(config, console, out)
     started = time.monotonic()
     files = check_input(config.input, config.format)
     make_local_dir(config.state_dir, "the state directory (--state-dir)", create=False)
@@ -204,18 +227,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         check_s3(config.log_store, options, "log store")
     if config.master:
         check_master(config.master)
-    rollover = Rollover(target_file_size=config.target_file_size, max_age_seconds=config.max_file_age)
-    sink = ExactlyOnceParquetSink(
-        config.output,
-        config.state_dir,
-        log_store=config.log_store,
-        accept_state_loss=config.accept_state_loss,
-        key_columns=config.keys or None,
-        partition_by=config.partition_by or None,
-        parallelism=config.parallelism,
-        rollover=rollover,
-        storage_options=options,
-    )
+    sink = make_sink(config, options)
     spark = None
     try:
         _report_recovery(sink, out)
@@ -263,7 +275,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     return EXIT_OK
 
 
-def _watch(query: Any, batches: _Batches, stop: threading.Event, progress: Progress) -> BaseException | None:
+def _watch(query: Any, batches: _Batches | None, stop: threading.Event, progress: Any) -> BaseException | None:
     """Show progress until the query ends or a stop is asked for; returns the query's error, if it failed."""
     from pyspark.errors import StreamingQueryException
 
@@ -278,15 +290,18 @@ def _watch(query: Any, batches: _Batches, stop: threading.Event, progress: Progr
                 return e
             progress.update()
             if stop.is_set():
-                batches.stop()
+                if batches is not None:  # under Spark Connect the batch in progress is the server's
+                    batches.stop()
                 query.stop()
                 break
         progress.update()
     return None
 
 
-def _report_failure(error: BaseException, batches: _Batches, config: RunConfig, out: Callable[[str], None]) -> int:
-    cause = batches.error
+def _report_failure(
+    error: BaseException, batches: _Batches | None, config: RunConfig, out: Callable[[str], None]
+) -> int:
+    cause = batches.error if batches is not None else None
     if isinstance(cause, (FileSinkError, LogStoreError)):  # its own message says what to do (e.g. fenced: stop)
         raise cause
     detail = "\n  ".join(spark_error_summary(cause if cause is not None else error))

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 
 import pyspark
-
-from .helpers import support_env
-from .s3servers import free_port
+from helpers import support_env
+from s3servers import free_port
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT = 240.0

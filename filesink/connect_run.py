@@ -1,0 +1,131 @@
+"""``filesink run --remote sc://host:port`` (or with ``SPARK_REMOTE`` set): the job through a Spark Connect server.
+
+This process is a thin client. Every path it is given (input, output, state directory, checkpoint, log store) is
+the server's: nothing is checked or created here, and the sink opens on the server at its first batch (see
+:mod:`filesink.description`). What differs from a run on local or classic Spark:
+
+- JSON and CSV input need ``--schema`` (the schema the sink recorded is in its state, on the server);
+- progress shows the query's batches and rows, as the server reports them;
+- a stop (Ctrl-C, SIGTERM) stops the query; the server ends its ``foreachBatch`` process, and with it any batch in
+  progress (as after a kill, the next start's recovery finishes or repeats it; nothing is lost);
+- after an ``--available-now`` run, the client's ``flush()`` writes what the log store holds, through a one-batch
+  query on the server;
+- what the log store still holds is told by ``filesink recover status`` on the server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import EXIT_OK, InputError, SinkOptionError
+from .progress import _plural
+from .run import RunConfig, _reader, _report_failure, _signals, _watch, make_sink
+
+
+class QueryProgress:
+    """A line per batch the server reports (the sink's own counts are on the server)."""
+
+    def __init__(self, console: Any, query: Any) -> None:
+        self.console = console
+        self.query = query
+        self.rows: dict[int, int] = {}
+
+    def __enter__(self) -> QueryProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self) -> None:
+        try:
+            recent = self.query.recentProgress
+        except Exception:  # the server is gone: the query's own error says so
+            return
+        for progress in recent:
+            batch, rows = int(progress["batchId"]), int(progress["numInputRows"])
+            if batch not in self.rows:
+                self.rows[batch] = rows
+                total = sum(self.rows.values())
+                self.console.print(
+                    f"batch {batch}: {rows:,} rows in ({total:,} in {_plural(len(self.rows), 'batch')} this run)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+
+def connect_session(config: RunConfig) -> Any:
+    from pyspark.sql import SparkSession
+
+    assert config.remote is not None
+    builder = SparkSession.builder.remote(config.remote).appName("filesink-run")
+    spark = builder.getOrCreate()
+    for key, value in config.spark_conf.items():
+        try:
+            spark.conf.set(key, value)
+        except Exception as e:
+            raise SinkOptionError(
+                f"--conf {key}={value}: the Spark Connect server at {config.remote} does not take it in a session "
+                f"({str(e).splitlines()[0]}). Settings of the server itself (memory, master, jars) are given when "
+                "the server is started."
+            ) from None
+    return spark
+
+
+def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> int:
+    """Run the job through the Connect server at ``config.remote``; returns the exit status."""
+    started = time.monotonic()
+    if config.format != "parquet" and not config.schema:
+        raise InputError(
+            f"--format {config.format} under Spark Connect (--remote or SPARK_REMOTE) needs --schema: the schema "
+            "the sink recorded is in its state directory, on the server, and inferring it again could read the "
+            "files differently. Give it, for example --schema 'id bigint, name string'."
+        )
+    if config.master:
+        raise SinkOptionError("--master and --remote (or SPARK_REMOTE) exclude each other: give one of them")
+    sink = make_sink(config, config.storage_options())
+    spark = connect_session(config)
+    try:
+        schema = config.schema or _reader(spark, config, streaming=False).load(str(config.input)).schema
+        stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
+        sink.check_schema(stream.schema)
+        writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", str(config.checkpoint_dir))
+        if config.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{config.trigger_seconds} seconds")
+        stop = threading.Event()
+
+        def ask_stop() -> None:
+            stop.set()
+            console.print("stopping: the query stops on the server (Ctrl-C again stops at once; nothing is lost)")
+
+        with _signals(ask_stop):
+            query = writer.start()
+            progress = QueryProgress(console, query)
+            failure = _watch(query, None, stop, progress)
+            if failure is not None:
+                return _report_failure(failure, None, config, out)
+            if not stop.is_set():  # drained (--available-now): write what the log store holds
+                sink.flush()
+        verb = "stopped" if stop.is_set() else "done"
+        rows = sum(progress.rows.values())
+        out(
+            f"{verb}: {rows:,} rows in {_plural(len(progress.rows), 'batch')} through the Spark Connect server "
+            f"{_server(config.remote)}; {time.monotonic() - started:,.1f} s"
+        )
+        if stop.is_set():
+            out(
+                f"the sink's state is on the server, in {config.state_dir}: there, `filesink recover status "
+                f"--state-dir {config.state_dir}` says what its log store holds; the next run writes it"
+            )
+    finally:
+        spark.stop()
+    return EXIT_OK
+
+
+def _server(url: str | None) -> str:
+    """The URL without its token."""
+    return (url or "").split(";token=")[0].split("/;")[0]

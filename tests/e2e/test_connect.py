@@ -1,0 +1,155 @@
+"""The sink under Spark Connect, for real: a Connect server (pyspark's own) on loopback, clients in processes of
+their own (a process that made a Connect session stays in Connect mode), the sink opening on the server.
+
+Each client runs a scenario of ``tests/support/connect_api_job.py``; ``filesink run --remote`` runs the main job.
+Outputs are compared with the input as exact multisets of rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from connect_server import ConnectServer
+from helpers import SUPPORT, run, support_env
+from sink_helpers import COLUMNS, TYPES, batch_rows, parquet_files, read_pyarrow
+
+pytestmark = pytest.mark.timeout(900)
+
+CLIENT_TIMEOUT = 600.0
+"""Seconds a client may take: a Connect query's batches each start Spark jobs on a busy 2-core server."""
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = ConnectServer(tmp_path_factory.mktemp("connect-server"), master="local[2]")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def _client_env() -> dict[str, str]:
+    env = support_env()
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
+        env.pop(name, None)
+    return env
+
+
+def _input(work: Path, files: int, rows: int = 200) -> Counter:
+    """``files`` Parquet files of ``batch_rows`` in ``work/in``; returns their rows."""
+    (work / "in").mkdir(parents=True, exist_ok=True)
+    expected: Counter = Counter()
+    for batch in range(files):
+        data = batch_rows(batch, rows)
+        columns = zip(*data, strict=True)
+        table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
+        pq.write_table(table, work / "in" / f"in-{batch:03d}.parquet")
+        expected.update(data)
+    return expected
+
+
+def _scenario(name: str, url: str, work: Path) -> dict[str, Any]:
+    proc = run(
+        [sys.executable, str(SUPPORT / "connect_api_job.py"), name, url, str(work)],
+        CLIENT_TIMEOUT,
+        f"the Connect client's {name}",
+        capture_output=True,
+        text=True,
+        env=_client_env(),
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    return result
+
+
+def _only_sink_files(out: Path) -> None:
+    names = parquet_files(str(out))
+    assert names and all(n.endswith(".parquet") and "/." not in f"/{n}" for n in names), names
+
+
+def test_foreach_batch_then_flush_writes_every_row_once(connect_url, tmp_path):
+    expected = _input(tmp_path, files=3)
+    result = _scenario("run_and_flush", connect_url, tmp_path)
+    assert result["state_before_query"] is False, "the client must not open the sink's state"
+    assert result["batches"] == 3
+    assert result["files_before_flush"] == [], "no file may roll under these rules before flush()"
+    assert "not open in this process" in result["client_state"]
+    assert (tmp_path / "state" / "state.sqlite").is_file(), "the server opened the sink in its state directory"
+    _only_sink_files(tmp_path / "out")
+    assert read_pyarrow(str(tmp_path / "out")) == expected
+
+
+def test_a_stopped_query_restarts_and_finishes_exactly_once(connect_url, tmp_path):
+    expected = _input(tmp_path, files=5)
+    result = _scenario("stop_and_restart", connect_url, tmp_path)
+    assert result["first_batches"] >= 2 and result["second_batches"] >= 1, result
+    _only_sink_files(tmp_path / "out")
+    assert read_pyarrow(str(tmp_path / "out")) == expected
+
+
+def test_tasks_and_relative_paths_are_refused_on_the_client(connect_url, tmp_path):
+    _input(tmp_path, files=1)
+    result = _scenario("refusals", connect_url, tmp_path)
+    for case in ("pickle", "udf"):
+        assert "cannot go into a Spark task" in result[case], result[case]
+        assert "foreachBatch(sink)" in result[case], result[case]
+    assert "is relative" in result["relative"] and "absolute path the server uses" in result["relative"]
+    assert result["state_exists"] is False
+
+
+def test_another_querys_checkpoint_is_refused_not_taken_for_a_replay(connect_url, tmp_path):
+    expected = _input(tmp_path, files=1)
+    result = _scenario("other_checkpoint", connect_url, tmp_path)
+    assert "CheckpointMismatchError" in result["second"] and "takes the batches of query" in result["second"], result
+    assert read_pyarrow(str(tmp_path / "out")) == expected, "query B's batch 0 must not be written, nor A's lost"
+
+
+# -- filesink run --remote --------------------------------------------------------------------------------------
+
+
+def _filesink_run(tmp_path: Path, *extra: str, remote: str | None = None, env: dict[str, str] | None = None) -> Any:
+    args = [sys.executable, "-m", "filesink", "run", "--input", str(tmp_path / "in"), "--output"]
+    args += [str(tmp_path / "out"), "--state-dir", str(tmp_path / "state"), "--key", "user_id", "--parallelism", "2"]
+    args += ["--available-now", *(["--remote", remote] if remote else []), *extra]
+    return run(args, CLIENT_TIMEOUT, "filesink run --remote", capture_output=True, text=True, env=env or _client_env())
+
+
+def test_filesink_run_remote_available_now_twice(connect_url, tmp_path):
+    expected = _input(tmp_path, files=2)
+    proc = _filesink_run(tmp_path, remote=connect_url)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "done: 400 rows in 2 batches through the Spark Connect server sc://localhost:" in proc.stdout, proc.stdout
+    assert "token" not in proc.stdout + proc.stderr.replace("--remote", "")
+    assert read_pyarrow(str(tmp_path / "out")) == expected
+    # more input, and the SPARK_REMOTE convention instead of --remote
+    data = batch_rows(7, 150)
+    columns = zip(*data, strict=True)
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
+    pq.write_table(table, tmp_path / "in" / "in-007.parquet")
+    expected.update(data)
+    proc = _filesink_run(tmp_path, env=dict(_client_env(), SPARK_REMOTE=connect_url))
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "done: 150 rows in 1 batch" in proc.stdout, proc.stdout
+    _only_sink_files(tmp_path / "out")
+    assert read_pyarrow(str(tmp_path / "out")) == expected
+
+
+def test_filesink_run_remote_refuses_json_without_a_schema_and_master_with_remote(tmp_path):
+    _input(tmp_path, files=1)
+    proc = _filesink_run(tmp_path, "--format", "json", remote="sc://localhost:1")
+    assert proc.returncode == 1 and "needs --schema" in proc.stderr, proc.stderr[-3000:]
+    proc = _filesink_run(tmp_path, "--master", "local[2]", remote="sc://localhost:1")
+    assert proc.returncode == 2 and "exclude each other" in proc.stderr, proc.stderr[-3000:]
+    proc = _filesink_run(tmp_path, remote="localhost:15002")
+    assert proc.returncode == 2 and "Spark Connect URL" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "state").exists() and not (tmp_path / "out").exists()
+    assert "SPARK_REMOTE" not in os.environ
