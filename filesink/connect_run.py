@@ -45,7 +45,7 @@ class QueryProgress:
         except Exception:  # the server is gone: the query's own error says so
             return
         for progress in recent:
-            batch, rows = int(progress["batchId"]), int(progress["numInputRows"])
+            batch, rows = int(progress.batchId), int(progress.numInputRows)
             if batch not in self.rows:
                 self.rows[batch] = rows
                 total = sum(self.rows.values())
@@ -85,9 +85,9 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
         )
     if config.master:
         raise SinkOptionError("--master and --remote (or SPARK_REMOTE) exclude each other: give one of them")
-    sink = make_sink(config, config.storage_options())
-    spark = connect_session(config)
+    spark = connect_session(config)  # first: a sink made in a Connect client is a description, opened by the server
     try:
+        sink = make_sink(config, config.storage_options())
         schema = config.schema or _reader(spark, config, streaming=False).load(str(config.input)).schema
         stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         sink.check_schema(stream.schema)
@@ -128,4 +128,4 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
 
 def _server(url: str | None) -> str:
     """The URL without its token."""
-    return (url or "").split(";token=")[0].split("/;")[0]
+    return (url or "").split(";")[0].rstrip("/")

@@ -127,7 +127,7 @@ def test_filesink_run_remote_available_now_twice(connect_url, tmp_path):
     expected = _input(tmp_path, files=2)
     proc = _filesink_run(tmp_path, remote=connect_url)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    assert "done: 400 rows in 2 batches through the Spark Connect server sc://localhost:" in proc.stdout, proc.stdout
+    assert "done: 400 rows in 1 batch through the Spark Connect server sc://localhost:" in proc.stdout, proc.stdout
     assert "token" not in proc.stdout + proc.stderr.replace("--remote", "")
     assert read_pyarrow(str(tmp_path / "out")) == expected
     # more input, and the SPARK_REMOTE convention instead of --remote
