@@ -17,14 +17,16 @@ PACKAGES = ("logstore", "filesink", "recovery")
 TOP = {
     "filesink",
     "filesink.sink",
+    "filesink.description",
     "filesink.run",
+    "filesink.connect_run",
     "filesink.cli",
     "filesink.progress",
     "filesink.preflight",
     "filesink.__main__",
 }
 """The layer above recovery: the sink object (it runs recovery at start-up; the package's ``__init__`` is its public
-face), the commands and what only they use."""
+face), where a sink opens (its description, under Spark Connect), the commands and what only they use."""
 DEMO = "filesink.demo"
 OUTPUT = "filesink.output"
 STORAGE_CLIENTS = ("s3fs", "fsspec", "botocore", "aiobotocore")
