@@ -24,13 +24,13 @@ BIG = Rollover(target_file_size=None, max_rows=10**9, max_age_seconds=3600)
 
 
 def _sink(work: Path, checkpoint: Path, **options: Any) -> ExactlyOnceParquetSink:
+    options.setdefault("rollover", BIG)
     return ExactlyOnceParquetSink(
         str(work / "out"),
         work / "state",
         key_columns=["user_id"],
         vnodes=8,
         parallelism=2,
-        rollover=BIG,
         checkpoint_location=str(checkpoint),
         **options,
     )
@@ -130,7 +130,25 @@ def other_checkpoint(spark: Any, work: Path) -> dict[str, Any]:
         return {"second": str(e)}
 
 
-SCENARIOS = {f.__name__: f for f in (run_and_flush, stop_and_restart, refusals, other_checkpoint)}
+def idle_timer(spark: Any, work: Path) -> dict[str, Any]:
+    """A running query whose input stops: the sink's idle timer, in the server's foreachBatch process, closes the
+    file by age between batches (no flush)."""
+    checkpoint = work / "checkpoint"
+    sink = _sink(work, checkpoint, rollover=Rollover(target_file_size=None, max_age_seconds=3))
+    query = _query(spark, work, sink, checkpoint, available_now=False)
+    deadline = time.monotonic() + 300
+    files: list[str] = []
+    while not files and time.monotonic() < deadline:
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception()))
+        time.sleep(1)
+        files = sorted(p.name for p in (work / "out").rglob("*.parquet"))
+    batches = len(query.recentProgress)
+    query.stop()
+    return {"files": files, "batches_with_rows": sum(1 for p in query.recentProgress if p.numInputRows), "n": batches}
+
+
+SCENARIOS = {f.__name__: f for f in (run_and_flush, stop_and_restart, refusals, other_checkpoint, idle_timer)}
 
 
 def main() -> None:
