@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import EXIT_OK, InputError, SinkOptionError
 from .progress import _plural
-from .run import RunConfig, _reader, _report_failure, _signals, _watch, make_sink
+from .run import RunConfig, _reader, _report_failure, _signals, _watch, make_sink, stream_writer
 
 
 class QueryProgress:
@@ -91,11 +91,7 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
         schema = config.schema or _reader(spark, config, streaming=False).load(str(config.input)).schema
         stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         sink.check_schema(stream.schema)
-        writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", str(config.checkpoint_dir))
-        if config.available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{config.trigger_seconds} seconds")
+        writer = stream_writer(stream, sink, config)
         stop = threading.Event()
 
         def ask_stop() -> None:

@@ -192,6 +192,14 @@ def _reader(spark: Any, config: RunConfig, streaming: bool) -> Any:
     return reader
 
 
+def stream_writer(stream: Any, function: Any, config: RunConfig) -> Any:
+    """``stream`` written by ``foreachBatch(function)``, with the checkpoint and trigger of ``config``."""
+    writer = stream.writeStream.foreachBatch(function).option("checkpointLocation", str(config.checkpoint_dir))
+    if config.available_now:
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{config.trigger_seconds} seconds")
+
+
 def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, have_files: bool) -> Any:
     """The schema to read the input with: ``--schema``; else, for JSON and CSV, the one the sink recorded (so
     that a restart reads the files the same way); else the one Spark infers from the files there now."""
@@ -237,11 +245,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         sink.check_schema(stream.schema)
         batches = _Batches(sink)
-        writer = stream.writeStream.foreachBatch(batches).option("checkpointLocation", str(config.checkpoint_dir))
-        if config.available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{config.trigger_seconds} seconds")
+        writer = stream_writer(stream, batches, config)
         stop = threading.Event()
 
         def ask_stop() -> None:
