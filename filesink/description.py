@@ -243,12 +243,6 @@ class FlushOnServer:
     temporary views are shared by the server's sessions; the batch runs in a session of its own)."""
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        import shutil
-
-        done = Path(self.checkpoint).parent
-        for old in done.iterdir() if done.is_dir() else []:
-            if str(old) != self.checkpoint:
-                shutil.rmtree(old, ignore_errors=True)
         try:
             sink = open_described(self.description)
         except SinkLockedError as e:
@@ -259,11 +253,20 @@ class FlushOnServer:
                 "max_age_seconds among them."
             ) from None
         try:
+            _remove_other_checkpoints(Path(self.checkpoint))  # under the lock: no other flush runs on this sink
             sink.use_spark(df.sparkSession)
             sink.flush()
         finally:
             sink.close()
         df.sparkSession.range(1).createOrReplaceGlobalTempView(self.done_view)
+
+
+def _remove_other_checkpoints(checkpoint: Path) -> None:
+    import shutil
+
+    for old in checkpoint.parent.iterdir() if checkpoint.parent.is_dir() else []:
+        if old != checkpoint:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def flush_through_connect(description: SinkDescription, spark: Any) -> None:
