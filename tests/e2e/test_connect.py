@@ -104,7 +104,9 @@ def test_foreach_batch_then_flush_writes_every_row_once(connect_url, tmp_path):
 def test_the_idle_timer_runs_in_the_servers_process(connect_url, tmp_path):
     expected = _input(tmp_path, files=2)
     result = _scenario("idle_timer", connect_url, tmp_path)
-    assert result["files"], "the age rule must close a file while the query waits for input"
+    assert result["files"] and result["written"] == result["wanted"] == 400, (
+        f"the age rule must put every row in files while the query waits for input: {result}"
+    )
     assert read_pyarrow(str(tmp_path / "out")) == expected
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from filesink import ExactlyOnceParquetSink, Rollover
@@ -136,16 +137,19 @@ def idle_timer(spark: Any, work: Path) -> dict[str, Any]:
     checkpoint = work / "checkpoint"
     sink = _sink(work, checkpoint, rollover=Rollover(target_file_size=None, max_age_seconds=3))
     query = _query(spark, work, sink, checkpoint, available_now=False)
+    wanted = sum(pq.ParquetFile(p).metadata.num_rows for p in (work / "in").glob("*.parquet"))
     deadline = time.monotonic() + 300
     files: list[str] = []
-    while not files and time.monotonic() < deadline:
+    written = 0
+    while written < wanted and time.monotonic() < deadline:  # every row in files, with no flush
         if query.exception() is not None:
             raise RuntimeError(str(query.exception()))
         time.sleep(1)
-        files = sorted(p.name for p in (work / "out").rglob("*.parquet"))
+        files = sorted(str(p) for p in (work / "out").rglob("*.parquet"))
+        written = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
     batches = len(query.recentProgress)
     query.stop()
-    return {"files": files, "batches_with_rows": sum(1 for p in query.recentProgress if p.numInputRows), "n": batches}
+    return {"files": files, "written": written, "wanted": wanted, "batches": batches}
 
 
 SCENARIOS = {f.__name__: f for f in (run_and_flush, stop_and_restart, refusals, other_checkpoint, idle_timer)}
