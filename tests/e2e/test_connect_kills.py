@@ -189,6 +189,7 @@ def campaign(
             # It ended before the kill: the input ran out, or it failed (a failure is a finding, but Spark's
             # Python worker start on a busy machine, which is only run again).
             if SPARK_WORKER_START in err:
+                figures["rounds run again"] = int(str(figures.get("rounds run again", 0))) + 1
                 continue
             pytest.fail(f"seed {seed}: the client ended before kill {landed + 1}:\n{err[-5000:]}{servers.logs()}")
         landed += 1
