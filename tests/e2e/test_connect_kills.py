@@ -134,8 +134,10 @@ def clients(tmp_path: Path) -> Iterator[Clients]:
 
 
 def _kill(proc: subprocess.Popen[str]) -> str:
-    """SIGKILL the client's process group; what is left of its stderr."""
-    kill_process(proc, group=True, timeout=60)
+    """SIGKILL the client's process group (unless it ended and was reaped: its id may be another's by now); what
+    is left of its stderr."""
+    if proc.poll() is None:
+        kill_process(proc, group=True, timeout=60)
     err = ""
     assert proc.stdout is not None and proc.stderr is not None
     if not proc.stderr.closed:
