@@ -217,7 +217,7 @@ def _report(report: Report, figures: dict[str, object], capsys: pytest.CaptureFi
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # 136-199 s measured on a busy 2-core machine
+@pytest.mark.timeout(600)  # 132-199 s measured on a busy 2-core machine
 def test_connect_server_and_client_kills_at_random_moments(tmp_path, servers, clients, capsys, request):
     """Seed 47 kills the client twice (each restart on the same server stops the run the killed client left), then
     the server; the last run is on a new server."""
