@@ -15,12 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from connect_server import ConnectServer
-from helpers import SUPPORT, run, support_env
-from sink_helpers import COLUMNS, TYPES, batch_rows, parquet_files, read_pyarrow
+from connect_server import ConnectServer, connect_client_env
+from helpers import SUPPORT, run
+from sink_helpers import input_file, parquet_files, read_pyarrow
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -37,24 +35,11 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
-def _client_env() -> dict[str, str]:
-    # the Python of Spark's workers when the client starts the server itself (remote("local[2]")), as in a venv
-    env = support_env(PYSPARK_PYTHON=sys.executable)
-    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
-        env.pop(name, None)
-    return env
-
-
 def _input(work: Path, files: int, rows: int = 200) -> Counter:
-    """``files`` Parquet files of ``batch_rows`` in ``work/in``; returns their rows."""
-    (work / "in").mkdir(parents=True, exist_ok=True)
+    """``files`` Parquet files of ``rows`` rows in ``work/in``; returns their rows."""
     expected: Counter = Counter()
     for batch in range(files):
-        data = batch_rows(batch, rows)
-        columns = zip(*data, strict=True)
-        table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
-        pq.write_table(table, work / "in" / f"in-{batch:03d}.parquet")
-        expected.update(data)
+        expected += input_file(work / "in", batch, rows)
     return expected
 
 
@@ -67,7 +52,7 @@ assertions check)."""
 
 def _client(args: list[str], what: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     for attempt in (1, 2):
-        proc = run(args, CLIENT_TIMEOUT, what, capture_output=True, text=True, env=env or _client_env())
+        proc = run(args, CLIENT_TIMEOUT, what, capture_output=True, text=True, env=env or connect_client_env())
         if proc.returncode == 0 or SPARK_WORKER_START not in proc.stdout + proc.stderr or attempt == 2:
             return proc
         print(f"{what}: Spark's Python worker did not start within Spark's 10 s; running the client again")
@@ -162,12 +147,8 @@ def test_filesink_run_remote_available_now_twice(connect_url, tmp_path):
     assert "token" not in proc.stdout + proc.stderr.replace("--remote", "")
     assert read_pyarrow(str(tmp_path / "out")) == expected
     # more input, and the SPARK_REMOTE convention instead of --remote
-    data = batch_rows(7, 150)
-    columns = zip(*data, strict=True)
-    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
-    pq.write_table(table, tmp_path / "in" / "in-007.parquet")
-    expected.update(data)
-    proc = _filesink_run(tmp_path, env=dict(_client_env(), SPARK_REMOTE=connect_url))
+    expected += input_file(tmp_path / "in", 7, 150)
+    proc = _filesink_run(tmp_path, env=dict(connect_client_env(), SPARK_REMOTE=connect_url))
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert "done: 150 rows in 1 batch" in proc.stdout, proc.stdout
     _only_sink_files(tmp_path / "out")

@@ -24,14 +24,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from checker import Report, check, stray_objects
-from connect_server import ConnectServer
-from helpers import SUPPORT, communicate, readline_with_deadline, support_env
+from connect_server import ConnectServer, connect_client_env
+from helpers import SUPPORT, communicate, readline_with_deadline
 from helpers import kill as kill_process
-from sink_helpers import COLUMNS, TYPES, batch_rows
+from sink_helpers import input_file
 
 JOB = SUPPORT / "connect_job.py"
 LINE_TIMEOUT = 240.0
@@ -90,13 +88,6 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
         s.close()
 
 
-def _client_env() -> dict[str, str]:
-    env = support_env(PYSPARK_PYTHON=sys.executable)
-    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
-        env.pop(name, None)
-    return env
-
-
 class Clients:
     """The campaign's client processes; every one is killed at the end."""
 
@@ -110,7 +101,7 @@ class Clients:
         args += [str(t / "checkpoint"), str(parallelism)]
         proc = subprocess.Popen(
             args,
-            env=_client_env(),
+            env=connect_client_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -149,14 +140,9 @@ def _kill(proc: subprocess.Popen[str]) -> str:
 
 
 def _write_input(tmp_path: Path, seed: int, inputs: int) -> Counter:
-    (tmp_path / "input").mkdir()
     expected: Counter = Counter()
     for b in range(inputs):
-        rows = batch_rows(b, 200, seed)
-        expected.update(rows)
-        columns = zip(*rows, strict=True)
-        table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
-        pq.write_table(table, tmp_path / "input" / f"in-{b:03d}.parquet")
+        expected += input_file(tmp_path / "input", b, 200, seed=seed)
     return expected
 
 

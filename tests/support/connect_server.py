@@ -146,6 +146,16 @@ class ConnectServer:
             raise
 
 
+def connect_client_env() -> dict[str, str]:
+    """The environment of a Connect client run as a subprocess: the support modules importable, none of pyspark's
+    Connect-mode variables of this process, and this Python for the Spark workers of a client that starts the
+    server itself (``remote("local[2]")``), as in a virtual environment."""
+    env = support_env(PYSPARK_PYTHON=sys.executable)
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
+        env.pop(name, None)
+    return env
+
+
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection((LOOPBACK, port), timeout=1.0):

@@ -86,9 +86,10 @@ def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
 STREAM_SCHEMA = "id long, user_id long, event_date string, amount double"
 
 
-def input_file(directory: Path, batch: int, rows: int = 300) -> Counter:
+def input_file(directory: Path, batch: int, rows: int = 300, *, seed: int = 7) -> Counter:
+    """One Parquet input file of ``batch_rows(batch, rows, seed)`` in ``directory``; returns its rows."""
     directory.mkdir(parents=True, exist_ok=True)
-    data = batch_rows(batch, rows, seed=7)
+    data = batch_rows(batch, rows, seed=seed)
     columns = list(zip(*data, strict=True))
     table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, columns, TYPES, strict=True)})
     pq.write_table(table, directory / f"batch-{batch:03d}.parquet")
