@@ -128,6 +128,13 @@ class SinkDescription:
             path = str(local)
         if log_store and is_local(log_store):
             _absolute(log_store, "log_store", remote=remote)
+        if checkpoint_location is None and remote:
+            raise SinkOptionError(
+                f"the sink for {path} is created under a Spark Connect client, where Spark does not tell foreachBatch "
+                "which streaming query a batch belongs to: give checkpoint_location= the query's checkpointLocation "
+                "(the same path as writeStream.option('checkpointLocation', ...)). Without it, another query's batch "
+                "0 would look like a replay of this sink's batch 0 and be skipped. Nothing was created."
+            )
         if checkpoint_location is not None:
             if not isinstance(checkpoint_location, str) or not checkpoint_location:
                 raise SinkOptionError(

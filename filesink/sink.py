@@ -161,7 +161,6 @@ class ExactlyOnceParquetSink:
         self.parallelism = d.parallelism
         self.vnodes = d.vnodes
         self._checkpoint_id: str | None = None
-        self._warned_no_query_id = False
         self.stats = SinkStats()
         """On a Spark Connect client this stays empty: the sink counts on the server."""
 
@@ -261,7 +260,7 @@ class ExactlyOnceParquetSink:
     def _check_batch(self, batch_id: int) -> int:
         """Refuse, before anything is written, a batch that is not this sink's to take; return the last sealed
         epoch. A batch id equal to it is a replay (Spark runs the last batch again after a crash)."""
-        query_id = _query_id(self._spark) or self._checkpoint_query_id(batch_id)
+        query_id = _query_id(self._spark) or self._checkpoint_query_id()
         recorded = self._ledger.query_id()
         if query_id and recorded and query_id != recorded:
             raise CheckpointMismatchError(
@@ -426,19 +425,10 @@ class ExactlyOnceParquetSink:
             )
         return opened
 
-    def _checkpoint_query_id(self, batch_id: int) -> str | None:
+    def _checkpoint_query_id(self) -> str | None:
         """The query id from ``checkpoint_location`` (read once), where Spark does not say it (Spark Connect)."""
         location = self._description.checkpoint_location
-        if location is None:
-            if not self._warned_no_query_id:
-                self._warned_no_query_id = True
-                log.warning(
-                    "the sink for %s cannot see the id of the streaming query whose batch %d it takes (Spark Connect "
-                    "does not give it to foreachBatch), so it cannot refuse another query's batches. Give the sink "
-                    "checkpoint_location= the query's checkpointLocation.",
-                    self.path,
-                    batch_id,
-                )
+        if location is None:  # a classic sink outside a streaming query; under Connect the option is required
             return None
         if self._checkpoint_id is None:
             self._checkpoint_id = checkpoint_query_id(location, self._description.storage_options)

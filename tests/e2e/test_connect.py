@@ -119,6 +119,8 @@ def test_tasks_and_relative_paths_are_refused_on_the_client(connect_url, tmp_pat
         assert "cannot go into a Spark task" in result[case], result[case]
         assert "foreachBatch(sink)" in result[case], result[case]
     assert "is relative" in result["relative"] and "absolute path the server uses" in result["relative"]
+    assert "give checkpoint_location=" in result["no_checkpoint"], result["no_checkpoint"]
+    assert "Nothing was created" in result["no_checkpoint"], result["no_checkpoint"]
     assert result["state_exists"] is False
 
 

@@ -111,7 +111,12 @@ def refusals(spark: Any, work: Path) -> dict[str, Any]:
         out["relative"] = "made"
     except FileSinkError as e:
         out["relative"] = str(e)
-    out["state_exists"] = (work / "state").exists()
+    try:
+        ExactlyOnceParquetSink(str(work / "out"), work / "state3", key_columns=["user_id"])
+        out["no_checkpoint"] = "made"
+    except FileSinkError as e:
+        out["no_checkpoint"] = str(e)
+    out["state_exists"] = (work / "state").exists() or (work / "state3").exists()
     return out
 
 
