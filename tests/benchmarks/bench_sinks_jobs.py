@@ -10,13 +10,14 @@ batch, Spark's progress of every batch and, for our sink, the reason each file w
 from __future__ import annotations
 
 import json
-import resource
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench_sinks_data import WORKLOADS, Workload
+from bench_sinks_monitor import status
 
 DELTA_APP_ID = "bench-sinks"
 
@@ -158,7 +159,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         t_start=t_start,
         t_query_end=t_query_end,
         t_end=t_end,
-        driver_python_maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so it would count the parent's RSS at the fork
+        # (the benchmark's own process, which grows with the inputs it generated).
+        driver_python_maxrss=status(os.getpid()).get("VmHWM", 0),
     )
     return result
 
