@@ -4,14 +4,17 @@ Not a test (pytest does not collect it). Run from the repository root with the p
 installed::
 
     python tests/benchmarks/bench_sinks.py                 # 10,000,000 rows, 10,000 epochs of history
+    python tests/benchmarks/bench_sinks.py --workloads events   # one workload only
     python tests/benchmarks/bench_sinks.py --quick         # 200,000 rows, 200 epochs of history: a smoke run
 
-It generates the input (Parquet files), streams it with the same trigger and parallelism through Spark's
-Parquet sink, ``foreachBatch`` + ``write_deltalake`` (with an application transaction per batch), our sink
-to a local directory and our sink to S3 (a SeaweedFS server the script starts), each in its own process
-with its own local Spark; then it measures restart time and state size against history, peak writer memory
-against target file size, and the file count at 1-second triggers. It prints one table and writes it, with
-the machine and versions, between the markers of ``docs/benchmarks.md`` (``--report``), with a plot
+For each workload (``--workloads``, ``bench_sinks_data.WORKLOADS``) it generates the input (Parquet files) and
+streams it with the same trigger and parallelism through Spark's Parquet sink, ``foreachBatch`` +
+``write_deltalake`` (with an application transaction per batch) and our sink to a local directory, each in its
+own process with its own local Spark; on ``events`` also our sink to S3 (a SeaweedFS server the script starts).
+Then, on ``events``, it measures the file count at 1-second triggers, what readers (DuckDB, Polars) gain from
+our output over Spark's sink's when both are partitioned (``bench_sinks_readers.py``), restart time and state
+size against history, and peak writer memory against target file size. It prints its tables and writes them,
+with the machine and versions, between the markers of ``docs/benchmarks.md`` (``--report``), with a plot
 (``--plot``). Every figure is measured in the run; no goal is asserted. See ``docs/benchmarks.md``.
 """
 
@@ -36,6 +39,7 @@ from typing import Any
 
 import bench_sinks_data as data
 import bench_sinks_monitor as monitor
+import bench_sinks_readers as readers
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -56,6 +60,8 @@ END_MARK = "<!-- bench_sinks: end -->"
 
 # Goals of the issue, reported (never asserted).
 GOAL_THROUGHPUT = 1.0
+GOAL_THROUGHPUT_WORKLOADS = ("events", "strings")
+"""The workloads the throughput goal is judged on; the others are reported without a goal."""
 GOAL_FEWER_FILES = 10.0
 GOAL_IN_BAND = 0.9
 GOAL_RESTART = 1.2
@@ -85,6 +91,9 @@ class SinkRun:
     """The same without each writer's first file (planned by a sampled Parquet/log ratio, before any commit)."""
     rollover: dict[str, Any] = field(default_factory=dict)
     load: tuple[float, float] = (0.0, 0.0)
+    workload: str = "events"
+    output: str = ""
+    """Where the output is (a local directory or an S3 URL)."""
 
     @property
     def rows_per_second(self) -> float:
@@ -93,6 +102,11 @@ class SinkRun:
 
 def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def job_name(label: str, workload: str) -> str:
+    """A job's directory (and S3 prefix): the label's slug, after the workload's name unless it is ``events``."""
+    return slug(label if workload == "events" else f"{workload} {label}")
 
 
 def _percentile(values: list[float] | list[int], q: float) -> float:
@@ -231,11 +245,15 @@ def job_spec(
     files_per_batch: int,
     rollover: dict[str, Any],
     storage_options: dict[str, Any] | None = None,
+    workload: str = "events",
+    partition_by: list[str] | None = None,
 ) -> dict[str, Any]:
     """What ``bench_sinks_jobs.run`` runs: one sink over the input, its checkpoint and state under ``job``."""
     return {
         "name": label,
         "kind": kind,
+        "workload": workload,
+        "partition_by": partition_by or [],
         "input": str(input_dir),
         "output": output_url,
         "checkpoint": str(job / "checkpoint"),
@@ -261,9 +279,11 @@ def run_sink(
     files_per_batch: int,
     rollover: dict[str, Any],
     s3: Any = None,
+    workload: str = "events",
+    partition_by: list[str] | None = None,
 ) -> SinkRun:
     """Run one streaming job in a child process while this process samples its memory and lists its output."""
-    job = work / slug(label)
+    job = work / job_name(label, workload)
     shutil.rmtree(job, ignore_errors=True)
     job.mkdir(parents=True)
     spec = job_spec(
@@ -277,6 +297,8 @@ def run_sink(
         files_per_batch=files_per_batch,
         rollover=rollover,
         storage_options=s3.storage_options() if s3 is not None else None,
+        workload=workload,
+        partition_by=partition_by,
     )
     spec_path = job / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -305,6 +327,8 @@ def run_sink(
         rows_out=rows_out,
         load=(load_before, os.getloadavg()[0]),
         rollover=rollover,
+        workload=workload,
+        output=output.url,
     )
     if kind == "ours":
         sizes = {key.rsplit("/", 1)[-1].removesuffix(".parquet"): size for key, size in files.items()}
@@ -315,9 +339,9 @@ def run_sink(
         run.size_rolled = [sizes[n] for n in rolled]
         run.size_rolled_later = [sizes[n] for n in rolled if n not in firsts.values()]
     if rows_out != rows:
-        print(f"  WARNING: {label}: the output holds {rows_out:,} rows, the input {rows:,}")
+        print(f"  WARNING: {workload}, {label}: the output holds {rows_out:,} rows, the input {rows:,}")
     print(
-        f"  {label}: {run.rows_per_second:,.0f} rows/s, {len(run.files)} files, {run.batches} batches, "
+        f"  {workload}, {label}: {run.rows_per_second:,.0f} rows/s, {len(run.files)} files, {run.batches} batches, "
         f"{run.seconds:.1f} s (load {run.load[0]:.1f} -> {run.load[1]:.1f})",
         flush=True,
     )
@@ -521,22 +545,66 @@ def main_table(runs: list[SinkRun]) -> list[str]:
     return lines
 
 
+@dataclass
+class Readers:
+    """The partitioned 1-second runs (Spark's sink, ours) and the readers' figures over their outputs."""
+
+    runs: list[SinkRun]
+    figures: list[readers.ReaderFigure]
+    warnings: list[str]
+
+
+def _size_columns(run: SinkRun) -> str:
+    return " / ".join(_mb(_percentile(run.files, q)) for q in (0.1, 0.5, 0.9))
+
+
+READER_OUTPUTS = ("Spark's sink", "ours")
+"""The names of the partitioned runs' outputs in the readers' table."""
+
+
+def readers_section(part: Readers) -> list[str]:
+    return [
+        f"What readers gain: 1-second triggers as above, both outputs partitioned by `{readers.PARTITION}` "
+        f"({len(data.COUNTRIES)} values):",
+        "",
+        "| sink | files | file MB p10 / p50 / p90 | rows/s | load avg |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {r.label}{_rollover_text(r)} | {len(r.files):,} | {_size_columns(r)} | {r.rows_per_second:,.0f} | "
+            f"{_load_note(r.load)} |"
+            for r in part.runs
+        ),
+        "",
+        "Queries over each output (`"
+        + "`; `".join(f"{q}: {readers.QUERY_TEXT[q]}" for q in readers.QUERIES)
+        + f"`), each in a fresh process, median of {readers.ROUNDS} runs of the query alone; the page cache is "
+        "warm for both outputs. Files opened: distinct Parquet files the query's process opened successfully "
+        + ("(`strace -f -e trace=openat,open`)." if shutil.which("strace") else "(n/a: strace is not installed)."),
+        "",
+        *readers.table(part.figures, *READER_OUTPUTS),
+        *(["", *part.warnings] if part.warnings else []),
+    ]
+
+
 def report(
     args: argparse.Namespace,
     env: dict[str, str],
-    runs: list[SinkRun],
+    all_runs: dict[str, list[SinkRun]],
+    inputs: dict[str, tuple[int, int]],
     trigger_runs: list[SinkRun],
+    part: Readers,
     histories: dict[int, History],
     writers: list[WriterMemory],
     target: int,
     loads: tuple[tuple[float, float, float], tuple[float, float, float]],
     wall: float,
 ) -> list[str]:
-    """The report's lines."""
+    """The report's lines. ``all_runs``: the side-by-side runs of each workload; ``inputs``: each workload's input
+    files and bytes."""
     short, long = min(histories), max(histories)
     mid = 100 if 100 in histories else sorted(histories)[len(histories) // 2]
-    ours = [r for r in runs if r.kind == "ours"]
-    spark = runs[0]
+    ours = [r for r in all_runs.get("events", []) if r.kind == "ours"]
+    spark = next(iter(all_runs.values()))[0]
     restart_ratio = statistics.median(histories[long].restarts) / statistics.median(histories[short].restarts)
     state_ratio = histories[long].state_bytes / histories[mid].state_bytes
     writer_ratio = writers[-1].peak / writers[0].peak
@@ -561,17 +629,26 @@ def report(
         fraction = len(part) / len(whole)
         return f"{len(part)} of {len(whole)} ({fraction:.0%}): {verdict(fraction >= GOAL_IN_BAND)}"
 
-    local, remote = (r.rows_per_second / spark.rows_per_second for r in (ours[0], ours[-1]))
-    goals = [
-        f"- Throughput ≥ {GOAL_THROUGHPUT:.1f}x Spark's sink: ours local {local:.2f}x, ours S3 {remote:.2f}x: "
-        f"{verdict(max(local, remote) >= GOAL_THROUGHPUT)}.",
+    goals = []
+    for name, runs in all_runs.items():
+        mine = [r for r in runs if r.kind == "ours"]
+        ratios = [r.rows_per_second / runs[0].rows_per_second for r in mine]
+        text = ", ".join(f"{r.label.replace(',', '')} {x:.2f}x" for r, x in zip(mine, ratios, strict=True))
+        if name in GOAL_THROUGHPUT_WORKLOADS:
+            goals.append(
+                f"- Throughput ≥ {GOAL_THROUGHPUT:.1f}x Spark's sink, `{name}`: {text}: "
+                f"{verdict(max(ratios) >= GOAL_THROUGHPUT)}."
+            )
+        else:
+            goals.append(f"- Throughput next to Spark's sink, `{name}` (no goal): {text}.")
+    goals += [
         f"- ≥ {GOAL_FEWER_FILES:.0f}x fewer files than Spark's sink at 1-second triggers: {len(t_spark.files):,} "
         f"against {len(t_default.files):,} with the default `Rollover()`, {fewer:.1f}x: "
         f"{verdict(fewer >= GOAL_FEWER_FILES)}; "
         f"with the {target / MiB:g} MiB target {len(t_ours.files):,}, {fewer_sized:.1f}x: "
         f"{verdict(fewer_sized >= GOAL_FEWER_FILES)}.",
         f"- ≥ {GOAL_IN_BAND:.0%} of size-rolled files within 0.8-1.0x of the target ({target / MiB:g} MiB, "
-        f"runs (3), (4) and the 1-second run with that target): {share(in_band, size_rolled)}; without each "
+        f"`events` runs (3), (4) and the 1-second run with that target): {share(in_band, size_rolled)}; without each "
         "writer's first file (planned by a sampled Parquet-to-log ratio, before the sink had committed a file) "
         f"{share(later_in_band, later)}.",
         f"- Restart time flat in history (ratio ≤ {GOAL_RESTART}): {long:,} against {short:,} epochs "
@@ -584,7 +661,18 @@ def report(
         f"{growth_ratio:.2f}: {verdict(growth_ratio <= GOAL_WRITER_MEMORY)}.",
     ]
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    busy = max(loads[0][0], loads[1][0]) > LOAD_WARNING or any(max(r.load) > LOAD_WARNING for r in runs + trigger_runs)
+    every_run = [r for runs in all_runs.values() for r in runs] + trigger_runs + part.runs
+    busy = max(loads[0][0], loads[1][0]) > LOAD_WARNING or any(max(r.load) > LOAD_WARNING for r in every_run)
+    keys = sorted({c for name in all_runs for c in data.WORKLOADS[name].key_columns})
+    tables: list[str] = []
+    for name, runs in all_runs.items():
+        files, size = inputs[name]
+        tables += [
+            f"`{name}`: {data.WORKLOADS[name].description}; {files} input files, {size / MB:,.0f} MB:",
+            "",
+            *main_table(runs),
+            "",
+        ]
     lines = [
         f"Run of {when}: `python tests/benchmarks/bench_sinks.py {' '.join(args.argv)}`".rstrip() + ", "
         f"{args.rows:,} rows in {len(data.file_rows(args.rows))} input files, {wall / 60:.0f} minutes.",
@@ -600,26 +688,27 @@ def report(
         "",
         f"Side by side: `local[{PARALLELISM}]`, {PARALLELISM} shuffle partitions, available-now trigger with "
         f"{FILES_PER_BATCH} input files per batch ({spark.batches} batches of about "
-        f"{args.rows // max(1, spark.batches):,} rows). Our sink: key `user_id`, 256 vnodes, parallelism "
+        f"{args.rows // max(1, spark.batches):,} rows), one table per workload. Our sink: key "
+        f"{', '.join(f'`{k}`' for k in keys)}, 256 vnodes, parallelism "
         f"{PARALLELISM}, `Rollover(target_file_size={target / MiB:g} MiB, max_age_seconds={MAX_AGE_SECONDS:g})`, "
         "zstd; its time includes the final `flush()`.",
         "",
-        *main_table(runs),
-        "",
-        f"At 1-second triggers, 1 input file per batch ({t_spark.batches} batches), same input:",
+        *tables,
+        f"At 1-second triggers, 1 input file per batch ({t_spark.batches} batches), the `events` input:",
         "",
         "| sink | files | file MB p10 / p50 / p90 | visible after batch end, s: median / p90 / max | rows/s "
         "| load avg |",
         "|---|---:|---:|---:|---:|---:|",
         *(
-            f"| {r.label}{_rollover_text(r)} | {len(r.files):,} | "
-            f"{' / '.join(_mb(_percentile(r.files, q)) for q in (0.1, 0.5, 0.9))} | {_seconds(r.latencies)} | "
+            f"| {r.label}{_rollover_text(r)} | {len(r.files):,} | {_size_columns(r)} | {_seconds(r.latencies)} | "
             f"{r.rows_per_second:,.0f} | {_load_note(r.load)} |"
             for r in trigger_runs
         ),
         "",
         f"Files, Spark's sink against ours: **{fewer:.1f}x fewer** with the default `Rollover()`, "
         f"**{fewer_sized:.1f}x fewer** with the {target / MiB:g} MiB target.",
+        "",
+        *readers_section(part),
         "",
         "| history | built in | start-up after SIGKILL, s (each run) | files recovered | state database bytes "
         "(file + WAL) | bytes in use |",
@@ -669,21 +758,31 @@ def write_report(path: Path, lines: list[str], plot_name: str) -> None:
     path.write_text(text)
 
 
-def plot(path: Path, runs: list[SinkRun], trigger_runs: list[SinkRun], target: int) -> None:
+def plot(
+    path: Path, all_runs: dict[str, list[SinkRun]], trigger_runs: list[SinkRun], part_runs: list[SinkRun], target: int
+) -> None:
+    """Left: rows/s of each sink on each workload; right: the file sizes of the `events` runs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
-    labels = [r.label for r in runs]
-    left.barh(labels, [r.rows_per_second / 1000 for r in runs], color=["#888", "#888", "#2a7", "#2a7"][: len(runs)])
+    bars = [r for runs in all_runs.values() for r in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, max(5.0, 0.3 * (len(bars) + len(part_runs)) + 1.5)))
+    colors = {"spark": "#888", "delta": "#bbb", "ours": "#2a7"}
+    left.barh(
+        [f"{r.workload}: {r.label}" for r in bars],
+        [r.rows_per_second / 1000 for r in bars],
+        color=[colors[r.kind] for r in bars],
+    )
     left.set_xlabel("thousand rows per second (higher is better)")
     left.invert_yaxis()
-    left.set_title("throughput, available-now trigger")
-    shown = [*runs, *trigger_runs]
-    names = [*labels, *(f"{r.label.removesuffix(' 1s')}, 1 s triggers" for r in trigger_runs)]
+    left.set_title("throughput per workload, available-now trigger")
+    runs = all_runs.get("events", [])
+    shown = [*runs, *trigger_runs, *part_runs]
+    names = [r.label for r in runs]
+    names += [f"{r.label.removesuffix(' 1s')}, 1 s triggers" for r in trigger_runs + part_runs]
     right.boxplot([[s / MB for s in r.files] for r in shown], orientation="horizontal", whis=(10, 90), showfliers=True)
     right.set_yticks(range(1, len(shown) + 1), names)
     right.invert_yaxis()
@@ -692,7 +791,7 @@ def plot(path: Path, runs: list[SinkRun], trigger_runs: list[SinkRun], target: i
     right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     right.axvline(target / MB, color="#2a7", linestyle="--", linewidth=1)
     right.set_xlabel(f"file size, MB (log scale; whiskers p10-p90; dashed line: our {target / MiB:g} MiB target)")
-    right.set_title("output file sizes")
+    right.set_title("output file sizes, events")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -710,7 +809,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None, help="the PNG plot (default: next to the report)")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(data.WORKLOADS),
+        help=f"the side-by-side runs' workloads, comma-separated (default {','.join(data.WORKLOADS)})",
+    )
     args = parser.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in workloads if w not in data.WORKLOADS]
+    if unknown or not workloads:
+        parser.error(f"--workloads: unknown {', '.join(unknown) or 'none given'}; use {', '.join(data.WORKLOADS)}")
     args.argv = sys.argv[1:] if argv is None else argv
     args.rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
     long_history = args.history or (200 if args.quick else 10_000)
@@ -731,8 +839,18 @@ def main(argv: list[str] | None = None) -> int:
     server = SeaweedServer(work / "seaweedfs")
     try:
         input_dir = work / "input"
-        inputs = data.generate(input_dir, args.rows)
-        print(f"input: {len(inputs)} files, {sum(p.stat().st_size for p in inputs) / MB:.1f} MB", flush=True)
+
+        def make_input(name: str) -> Path:
+            directory = input_dir if name == "events" else work / f"input-{name}"
+            paths = data.WORKLOADS[name].generate(directory, args.rows)
+            size = sum(p.stat().st_size for p in paths)
+            input_sizes[name] = (len(paths), size)
+            print(f"input {name}: {len(paths)} files, {size / MB:.1f} MB", flush=True)
+            return directory
+
+        input_sizes: dict[str, tuple[int, int]] = {}
+        make_input("events")
+        inputs = sorted(input_dir.glob("*.parquet"))
         s3 = server.start()
 
         def side_by_side(
@@ -742,35 +860,60 @@ def main(argv: list[str] | None = None) -> int:
             per_batch: int,
             remote: bool = False,
             rollover: dict[str, Any] = sized,
+            workload: str = "events",
+            partition_by: list[str] | None = None,
         ) -> SinkRun:
-            name = slug(label + (" 1s" if trigger else ""))
+            full = label + (" 1s" if trigger else "")
+            name = job_name(full, workload)
             out = Output(s3.url(name), s3) if remote else Output(str(work / name / "out"))
             return run_sink(
-                label + (" 1s" if trigger else ""),
+                full,
                 kind,
                 work,
-                input_dir,
+                input_dir if workload == "events" else work / f"input-{workload}",
                 args.rows,
                 output=out,
                 trigger_seconds=trigger,
                 files_per_batch=per_batch,
                 rollover=rollover if kind == "ours" else {},
                 s3=s3 if remote else None,
+                workload=workload,
+                partition_by=partition_by,
             )
 
-        print("side by side, available-now trigger:", flush=True)
-        runs = [
-            side_by_side("Spark parquet sink", "spark", None, FILES_PER_BATCH),
-            side_by_side("Delta (deltalake)", "delta", None, FILES_PER_BATCH),
-            side_by_side("ours, local", "ours", None, FILES_PER_BATCH),
-            side_by_side("ours, S3", "ours", None, FILES_PER_BATCH, remote=True),
-        ]
+        all_runs: dict[str, list[SinkRun]] = {}
+        for w in workloads:
+            print(f"side by side, available-now trigger, workload {w}:", flush=True)
+            if w != "events":
+                make_input(w)
+            all_runs[w] = [
+                side_by_side("Spark parquet sink", "spark", None, FILES_PER_BATCH, workload=w),
+                side_by_side("Delta (deltalake)", "delta", None, FILES_PER_BATCH, workload=w),
+                side_by_side("ours, local", "ours", None, FILES_PER_BATCH, workload=w),
+            ]
+            if w == "events":
+                all_runs[w].append(side_by_side("ours, S3", "ours", None, FILES_PER_BATCH, remote=True))
+            elif not args.keep:  # the other workloads' inputs and outputs are not needed again: free the disk
+                shutil.rmtree(work / f"input-{w}", ignore_errors=True)
+                for r in all_runs[w]:
+                    shutil.rmtree(work / job_name(r.label, w), ignore_errors=True)
         print("1-second triggers, one input file per batch:", flush=True)
         trigger_runs = [
             side_by_side("Spark parquet sink", "spark", 1.0, 1),
             side_by_side("ours, local, default rollover", "ours", 1.0, 1, rollover={}),
             side_by_side("ours, local", "ours", 1.0, 1),
         ]
+        print(f"what readers gain: 1-second triggers, partitioned by {readers.PARTITION}:", flush=True)
+        by = [readers.PARTITION]
+        part_runs = [
+            side_by_side(f"Spark parquet sink, by {readers.PARTITION}", "spark", 1.0, 1, partition_by=by),
+            side_by_side(f"ours, local, by {readers.PARTITION}", "ours", 1.0, 1, rollover={}, partition_by=by),
+        ]
+        figures = readers.measure({name: Path(r.output) for name, r in zip(READER_OUTPUTS, part_runs, strict=True)})
+        reader_warnings = readers.disagreements(figures, args.rows)
+        for line in reader_warnings:
+            print(f"  {line}", flush=True)
+        part = Readers(part_runs, figures, reader_warnings)
         print("history (sink driven without Spark, see docs/benchmarks.md):", flush=True)
         histories = history_runs(work, [10, 100, long_history], 1000)
         print("writer memory:", flush=True)
@@ -778,10 +921,22 @@ def main(argv: list[str] | None = None) -> int:
 
         load_end = os.getloadavg()
         wall = time.monotonic() - started
-        lines = report(args, env, runs, trigger_runs, histories, writers, target, (load_start, load_end), wall)
+        lines = report(
+            args,
+            env,
+            all_runs,
+            input_sizes,
+            trigger_runs,
+            part,
+            histories,
+            writers,
+            target,
+            (load_start, load_end),
+            wall,
+        )
         print()
         print("\n".join(lines))
-        plot(plot_path, runs, trigger_runs, target)
+        plot(plot_path, all_runs, trigger_runs, part_runs, target)
         write_report(args.report, lines, os.path.relpath(plot_path, args.report.parent))
         print(f"\nwrote {args.report} and {plot_path}")
     finally:

@@ -1,23 +1,29 @@
 """One streaming job of the sink benchmark, run in its own process (so that its JVM and Python workers are its own).
 
 Usage: ``python bench_sinks_jobs.py SPEC.json``. The spec names the sink (``spark``, ``delta`` or ``ours``),
-the input, output, checkpoint and trigger; the job writes ``SPEC.result.json``: the time the query started
-and ended, the end time of every batch, Spark's progress of every batch and, for our sink, the reason each
-file was rolled.
+the workload of the input (``bench_sinks_data.WORKLOADS``, ``events`` if absent: its Spark schema and our sink's
+key columns), the input, output, checkpoint, trigger and the partition columns (``partition_by``, none if
+absent); the job writes ``SPEC.result.json``: the time the query started and ended, the end time of every
+batch, Spark's progress of every batch and, for our sink, the reason each file was rolled.
 """
 
 from __future__ import annotations
 
 import json
-import resource
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_sinks_data import KEY_COLUMNS, SPARK_SCHEMA
+from bench_sinks_data import WORKLOADS, Workload
+from bench_sinks_monitor import status
 
 DELTA_APP_ID = "bench-sinks"
+
+
+def workload(spec: dict[str, Any]) -> Workload:
+    return WORKLOADS[spec.get("workload") or "events"]
 
 
 def spark_session(name: str, conf: dict[str, str]) -> Any:
@@ -63,7 +69,8 @@ class OurSinkBatches:
         self.sink = ExactlyOnceParquetSink(
             spec["output"],
             spec["state"],
-            key_columns=KEY_COLUMNS,
+            key_columns=list(workload(spec).key_columns),
+            partition_by=spec.get("partition_by") or None,
             parallelism=spec["parallelism"],
             rollover=Rollover(**spec["rollover"]),
             storage_options=spec.get("storage_options") or None,
@@ -103,7 +110,7 @@ class DeltaBatches:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     spark = spark_session(spec["name"], spec.get("spark_conf", {}))
     stream = (
-        spark.readStream.schema(SPARK_SCHEMA)
+        spark.readStream.schema(workload(spec).spark_schema)
         .option("maxFilesPerTrigger", spec["max_files_per_trigger"])
         .parquet(spec["input"])
     )
@@ -111,6 +118,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     handler: OurSinkBatches | DeltaBatches | None = None
     if spec["kind"] == "spark":
         writer = stream.writeStream.format("parquet").option("path", spec["output"])
+        if spec.get("partition_by"):
+            writer = writer.partitionBy(*spec["partition_by"])
     elif spec["kind"] == "delta":
         handler = DeltaBatches(spec, ends)
         writer = stream.writeStream.foreachBatch(handler)
@@ -150,7 +159,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         t_start=t_start,
         t_query_end=t_query_end,
         t_end=t_end,
-        driver_python_maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so it would count the parent's RSS at the fork
+        # (the benchmark's own process, which grows with the inputs it generated).
+        driver_python_maxrss=status(os.getpid()).get("VmHWM", 0),
     )
     return result
 
