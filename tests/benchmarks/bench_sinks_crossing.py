@@ -19,6 +19,7 @@ See ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -32,9 +33,37 @@ import bench_sinks_data as data
 import pyarrow as pa
 
 VNODES = 256
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
-def jobs(spark: Any, input_dir: Path, work: Path) -> dict[str, Callable[[int], None]]:
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user and system) of this process's descendants: the JVM and its Python workers, with the
+    children they have waited for. Other work on the machine does not count, unlike wall time."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        ticks[int(entry)] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    mine = {os.getpid()}
+    changed = True
+    while changed:
+        changed = False
+        for pid, parent in parents.items():
+            if parent in mine and pid not in mine:
+                mine.add(pid)
+                changed = True
+    mine.discard(os.getpid())
+    return sum(ticks[p] for p in mine) / _TICK
+
+
+def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> dict[str, Callable[[int], None]]:
     from pyspark.sql import functions as F
 
     from logstore import VNODE_COLUMN, LogStore, append_segment
@@ -42,10 +71,13 @@ def jobs(spark: Any, input_dir: Path, work: Path) -> dict[str, Callable[[int], N
     store = LogStore.open(work / "state", vnodes=VNODES)
     target = store.target
 
-    def frame() -> Any:
-        df = spark.read.schema(data.SPARK_SCHEMA).parquet(str(input_dir))
-        vnode = F.pmod(F.hash(*[F.col(c) for c in data.KEY_COLUMNS]), F.lit(VNODES)).cast("int")
-        return df.withColumn(VNODE_COLUMN, vnode)
+    def source() -> Any:
+        return spark.read.schema(workload.spark_schema).parquet(str(input_dir))
+
+    def frame(*, sort: bool = False) -> Any:
+        vnode = F.pmod(F.hash(*[F.col(c) for c in workload.key_columns]), F.lit(VNODES)).cast("int")
+        df = source().withColumn(VNODE_COLUMN, vnode)
+        return df.sortWithinPartitions(VNODE_COLUMN) if sort else df
 
     def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows = sum(b.num_rows for b in batches)
@@ -63,20 +95,32 @@ def jobs(spark: Any, input_dir: Path, work: Path) -> dict[str, Callable[[int], N
         return task
 
     def read(_: int) -> None:
-        spark.read.schema(data.SPARK_SCHEMA).parquet(str(input_dir)).write.format("noop").mode("overwrite").save()
+        source().write.format("noop").mode("overwrite").save()
 
     def to_python(_: int) -> None:
         frame().mapInArrow(count_rows, "rows long").collect()
 
+    def to_python_sorted(_: int) -> None:
+        frame(sort=True).mapInArrow(count_rows, "rows long").collect()
+
     def append(i: int) -> None:
         frame().mapInArrow(append_rows(i), "rows long").collect()
+
+    def append_sorted(i: int) -> None:
+        frame(sort=True).mapInArrow(append_rows(i), "rows long").collect()
+
+    def spark_segments(i: int) -> None:
+        """Spark itself writing what a segment holds: the rows sorted by vnode, uncompressed Parquet, no dictionary."""
+        out = work / f"segments-{i}"
+        frame(sort=True).write.option("compression", "none").option("parquet.enable.dictionary", "false").parquet(
+            str(out)
+        )
+        shutil.rmtree(out)
 
     def parquet(codec: str) -> Callable[[int], None]:
         def run(i: int) -> None:
             out = work / f"parquet-{codec}-{i}"
-            spark.read.schema(data.SPARK_SCHEMA).parquet(str(input_dir)).write.option("compression", codec).parquet(
-                str(out)
-            )
+            source().write.option("compression", codec).parquet(str(out))
             shutil.rmtree(out)
 
         return run
@@ -85,6 +129,9 @@ def jobs(spark: Any, input_dir: Path, work: Path) -> dict[str, Callable[[int], N
         "read": read,
         "to Python": to_python,
         "append": append,
+        "to Python, sorted by vnode in the JVM": to_python_sorted,
+        "append, sorted by vnode in the JVM": append_sorted,
+        "Spark writes segments (sorted, uncompressed Parquet)": spark_segments,
         "Spark Parquet (snappy)": parquet("snappy"),
         "Spark Parquet (zstd)": parquet("zstd"),
     }
@@ -94,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Time of reading, crossing into Python, appending, writing.")
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workload", choices=sorted(data.WORKLOADS), default="events")
+    parser.add_argument("--jobs", default="", help="comma-separated substrings: run only the jobs whose names match")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     args = parser.parse_args(argv)
     from filesink.localspark import local_spark
@@ -101,28 +150,35 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_crossing-", dir=args.dir or Path.cwd()))
     try:
         input_dir = work / "input"
-        data.generate(input_dir, args.rows)
+        workload = data.WORKLOADS[args.workload]
+        workload.generate(input_dir, args.rows)
         spark = local_spark("bench-crossing", cores=2, conf={"spark.driver.memory": "4g"})
-        measured = jobs(spark, input_dir, work)
+        measured = jobs(spark, input_dir, work, workload)
+        wanted = [w for w in args.jobs.split(",") if w]
+        keep = {"read", "to Python", "append", "Spark Parquet (snappy)"}
+        measured = {n: j for n, j in measured.items() if not wanted or n in keep or any(w in n for w in wanted)}
         times: dict[str, list[float]] = {name: [] for name in measured}
+        cpu_times: dict[str, list[float]] = {name: [] for name in measured}
         for round_ in range(args.repeat + 1):  # round 0 warms up the JVM and the Python workers
             for name, job in measured.items():
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), tree_cpu_seconds()
                 job(round_)
+                if round_:
+                    cpu_times[name].append(tree_cpu_seconds() - cpu)
                 if round_:
                     times[name].append(time.perf_counter() - start)
         spark.stop()
         med = {name: statistics.median(t) for name, t in times.items()}
-        print(f"{args.rows:,} rows, local[2], median of {args.repeat} (after a warm-up round):")
-        print("| job | seconds | rows/s |")
-        print("|---|---:|---:|")
+        print(f"{args.rows:,} rows of {workload.name}, local[2], median of {args.repeat} (after a warm-up round):")
+        print("| job | seconds | rows/s | CPU seconds (JVM and Python workers) |")
+        print("|---|---:|---:|---:|")
         for name, seconds in med.items():
-            print(f"| {name} | {seconds:.1f} | {args.rows / seconds:,.0f} |")
+            cpu = statistics.median(cpu_times[name])
+            print(f"| {name} | {seconds:.1f} | {args.rows / seconds:,.0f} | {cpu:.1f} |")
         print(
             f"\nmoving the rows into Python: {med['to Python'] - med['read']:.1f} s; our append on top: "
             f"{med['append'] - med['to Python']:.1f} s; Spark's Parquet writing on top of reading: "
-            f"{med['Spark Parquet (snappy)'] - med['read']:.1f} s (snappy), "
-            f"{med['Spark Parquet (zstd)'] - med['read']:.1f} s (zstd)"
+            f"{med['Spark Parquet (snappy)'] - med['read']:.1f} s (snappy)"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
