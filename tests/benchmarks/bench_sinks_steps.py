@@ -2,7 +2,7 @@
 
 Not a test (pytest does not collect it). Run from the repository root::
 
-    python tests/benchmarks/bench_sinks_steps.py [--rows N] [--dir DIR]
+    python tests/benchmarks/bench_sinks_steps.py [--rows N] [--workload NAME] [--dir DIR]
 
 It generates the input of ``bench_sinks.py`` and runs that script's job (``bench_sinks_jobs.run``, the
 side-by-side setup: available-now trigger, 2 input files per batch), each in a child process with its own
@@ -66,7 +66,7 @@ def _timed(owner: Any, name: str, times: collections.Counter[str], calls: collec
     setattr(owner, name, wrapper)
 
 
-def one(kind: str, input_dir: Path, work: Path, rows: int) -> dict[str, Any]:
+def one(kind: str, input_dir: Path, work: Path, rows: int, workload: str = "events") -> dict[str, Any]:
     """Run the benchmark's job of one sink (``bench_sinks_jobs.run``) in this process; the figures as a dict."""
     import bench_sinks
     import bench_sinks_jobs
@@ -87,6 +87,7 @@ def one(kind: str, input_dir: Path, work: Path, rows: int) -> dict[str, Any]:
         trigger_seconds=None,
         files_per_batch=bench_sinks.FILES_PER_BATCH,
         rollover=bench_sinks.side_by_side_rollover(rows) if kind == "ours" else {},
+        workload=workload,
     )
     busy0, total0 = _cpu()
     result = bench_sinks_jobs.run(spec)
@@ -106,16 +107,17 @@ def one(kind: str, input_dir: Path, work: Path, rows: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Our sink's steps next to Spark's Parquet sink.")
     parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--workload", choices=sorted(data.WORKLOADS), default="events")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     parser.add_argument("--one", nargs=3, metavar=("KIND", "INPUT", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         kind, input_dir, work = args.one
-        print(json.dumps(one(kind, Path(input_dir), Path(work), args.rows)), flush=True)
+        print(json.dumps(one(kind, Path(input_dir), Path(work), args.rows, args.workload)), flush=True)
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench_steps-", dir=args.dir or Path.cwd()))
     try:
-        data.generate(work / "input", args.rows)
+        data.WORKLOADS[args.workload].generate(work / "input", args.rows)
         results = {}
         for kind in ("spark", "ours"):
             out = subprocess.run(
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                     __file__,
                     "--rows",
                     str(args.rows),
+                    "--workload",
+                    args.workload,
                     "--one",
                     kind,
                     str(work / "input"),
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 check=True,
             )
             results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{args.rows:,} rows, local[2], available-now trigger, 2 input files per batch")
+        print(f"{args.rows:,} rows of {args.workload}, local[2], available-now trigger, 2 input files per batch")
         print("| | Spark's sink | ours |")
         print("|---|---:|---:|")
         spark, ours = results["spark"], results["ours"]
