@@ -819,7 +819,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in workloads if w not in data.WORKLOADS]
     if unknown or not workloads:
         parser.error(f"--workloads: unknown {', '.join(unknown) or 'none given'}; use {', '.join(data.WORKLOADS)}")
-    args.argv = sys.argv[1:] if argv is None else argv
+    given = sys.argv[1:] if argv is None else argv
+    # the report names no directory of the machine it ran on: the values of path options become their names
+    paths = {"--dir": "DIR", "--report": "REPORT", "--plot": "PLOT"}
+    args.argv = [
+        f"{a.split('=', 1)[0]}={paths[a.split('=', 1)[0]]}"
+        if a.split("=", 1)[0] in paths and "=" in a
+        else paths.get(given[i - 1], a)
+        if i
+        else a
+        for i, a in enumerate(given)
+    ]
     args.rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
     long_history = args.history or (200 if args.quick else 10_000)
     if long_history <= 100:
