@@ -800,6 +800,24 @@ def plot(
 # -- main ------------------------------------------------------------------------------------------------
 
 
+PATH_OPTIONS = {"--dir": "DIR", "--report": "REPORT", "--plot": "PLOT"}
+
+
+def without_paths(argv: list[str]) -> list[str]:
+    """The command line as the report shows it: the values of path options become their names, so the report
+    names no directory of the machine it ran on."""
+    shown = []
+    for i, arg in enumerate(argv):
+        option, equals, _ = arg.partition("=")
+        if equals and option in PATH_OPTIONS:
+            shown.append(f"{option}={PATH_OPTIONS[option]}")
+        elif i and argv[i - 1] in PATH_OPTIONS:
+            shown.append(PATH_OPTIONS[argv[i - 1]])
+        else:
+            shown.append(arg)
+    return shown
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Our sink next to Spark's Parquet sink and a Delta sink.")
     parser.add_argument("--rows", type=int, default=None, help=f"input rows (default {FULL_ROWS:,})")
@@ -819,17 +837,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in workloads if w not in data.WORKLOADS]
     if unknown or not workloads:
         parser.error(f"--workloads: unknown {', '.join(unknown) or 'none given'}; use {', '.join(data.WORKLOADS)}")
-    given = sys.argv[1:] if argv is None else argv
-    # the report names no directory of the machine it ran on: the values of path options become their names
-    paths = {"--dir": "DIR", "--report": "REPORT", "--plot": "PLOT"}
-    args.argv = [
-        f"{a.split('=', 1)[0]}={paths[a.split('=', 1)[0]]}"
-        if a.split("=", 1)[0] in paths and "=" in a
-        else paths.get(given[i - 1], a)
-        if i
-        else a
-        for i, a in enumerate(given)
-    ]
+    args.argv = without_paths(sys.argv[1:] if argv is None else argv)
     args.rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
     long_history = args.history or (200 if args.quick else 10_000)
     if long_history <= 100:
@@ -850,8 +858,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         input_dir = work / "input"
 
+        def input_of(name: str) -> Path:
+            return input_dir if name == "events" else work / f"input-{name}"
+
         def make_input(name: str) -> Path:
-            directory = input_dir if name == "events" else work / f"input-{name}"
+            directory = input_of(name)
             paths = data.WORKLOADS[name].generate(directory, args.rows)
             size = sum(p.stat().st_size for p in paths)
             input_sizes[name] = (len(paths), size)
@@ -880,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
                 full,
                 kind,
                 work,
-                input_dir if workload == "events" else work / f"input-{workload}",
+                input_of(workload),
                 args.rows,
                 output=out,
                 trigger_seconds=trigger,
@@ -904,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
             if w == "events":
                 all_runs[w].append(side_by_side("ours, S3", "ours", None, FILES_PER_BATCH, remote=True))
             elif not args.keep:  # the other workloads' inputs and outputs are not needed again: free the disk
-                shutil.rmtree(work / f"input-{w}", ignore_errors=True)
+                shutil.rmtree(input_of(w), ignore_errors=True)
                 for r in all_runs[w]:
                     shutil.rmtree(work / job_name(r.label, w), ignore_errors=True)
         print("1-second triggers, one input file per batch:", flush=True)

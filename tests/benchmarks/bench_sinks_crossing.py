@@ -30,37 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import bench_sinks_data as data
+import bench_sinks_monitor as monitor
 import pyarrow as pa
 
 VNODES = 256
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds() -> float:
-    """CPU seconds (user and system) of this process's descendants: the JVM and its Python workers, with the
-    children they have waited for. Other work on the machine does not count, unlike wall time."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        ticks[int(entry)] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
-    mine = {os.getpid()}
-    changed = True
-    while changed:
-        changed = False
-        for pid, parent in parents.items():
-            if parent in mine and pid not in mine:
-                mine.add(pid)
-                changed = True
-    mine.discard(os.getpid())
-    return sum(ticks[p] for p in mine) / _TICK
+    """CPU seconds of this process's descendants (the JVM and its Python workers): other work on the machine does
+    not count, unlike wall time."""
+    return monitor.cpu_seconds(monitor.descendants(os.getpid()))
 
 
 def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> dict[str, Callable[[int], None]]:
@@ -71,8 +50,10 @@ def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> di
     store = LogStore.open(work / "state", vnodes=VNODES)
     target = store.target
 
+    schema = data.spark_schema(input_dir)
+
     def source() -> Any:
-        return spark.read.schema(workload.spark_schema).parquet(str(input_dir))
+        return spark.read.schema(schema).parquet(str(input_dir))
 
     def frame(*, sort: bool = False) -> Any:
         vnode = F.pmod(F.hash(*[F.col(c) for c in workload.key_columns]), F.lit(VNODES)).cast("int")
@@ -165,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
                 job(round_)
                 if round_:
                     cpu_times[name].append(tree_cpu_seconds() - cpu)
-                if round_:
                     times[name].append(time.perf_counter() - start)
         spark.stop()
         med = {name: statistics.median(t) for name, t in times.items()}

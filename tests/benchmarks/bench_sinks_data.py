@@ -115,25 +115,22 @@ def wide_batch(first_id: int, rows: int, seed: int) -> pa.Table:
     return pa.table(columns)
 
 
-def _spark_schema(sample: pa.Table) -> str:
+def spark_schema(directory: Path) -> str:
+    """The Spark schema (DDL) of the input files in ``directory``, from one file's footer: a streaming source
+    needs it, and making a workload's rows to learn it would build its string pools in every job process."""
+    schema = pq.read_schema(min(directory.glob("*.parquet")))
     names = {pa.int64(): "long", pa.float64(): "double", pa.string(): "string"}
-    return ", ".join(
-        f"{f.name} {'timestamp' if pa.types.is_timestamp(f.type) else names[f.type]}" for f in sample.schema
-    )
+    return ", ".join(f"{f.name} {'timestamp' if pa.types.is_timestamp(f.type) else names[f.type]}" for f in schema)
 
 
 @dataclass(frozen=True)
 class Workload:
-    """One benchmark input: how to make its rows, its Spark schema and the sink's key columns."""
+    """One benchmark input: how to make its rows, and the sink's key columns."""
 
     name: str
     make_batch: Callable[[int, int, int], pa.Table]
     key_columns: tuple[str, ...] = ("user_id",)
     description: str = ""
-
-    @property
-    def spark_schema(self) -> str:
-        return _spark_schema(self.make_batch(0, 2, 0))
 
     def generate(self, directory: Path, rows: int) -> list[Path]:
         return generate(directory, rows, self)
@@ -152,10 +149,8 @@ WORKLOADS = {
 }
 DEFAULT = WORKLOADS["events"]
 
-# The default workload's names, as before workloads existed.
-SPARK_SCHEMA = DEFAULT.spark_schema
-KEY_COLUMNS = list(DEFAULT.key_columns)
 make_batch = events_batch
+"""The default workload's rows (the benchmarks that drive the sink without Spark use these)."""
 
 
 def generate(directory: Path, rows: int, workload: Workload = DEFAULT) -> list[Path]:

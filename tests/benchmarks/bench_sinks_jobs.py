@@ -1,10 +1,10 @@
 """One streaming job of the sink benchmark, run in its own process (so that its JVM and Python workers are its own).
 
 Usage: ``python bench_sinks_jobs.py SPEC.json``. The spec names the sink (``spark``, ``delta`` or ``ours``),
-the workload of the input (``bench_sinks_data.WORKLOADS``, ``events`` if absent: its Spark schema and our sink's
-key columns), the input, output, checkpoint, trigger and the partition columns (``partition_by``, none if
-absent); the job writes ``SPEC.result.json``: the time the query started and ended, the end time of every
-batch, Spark's progress of every batch and, for our sink, the reason each file was rolled.
+the workload of the input (``bench_sinks_data.WORKLOADS``, ``events`` if absent: our sink's key columns; the
+Spark schema is read from the input files), the input, output, checkpoint, trigger and the partition columns
+(``partition_by``, none if absent); the job writes ``SPEC.result.json``: the time the query started and ended,
+the end time of every batch, Spark's progress of every batch and, for our sink, the reason each file was rolled.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_sinks_data import WORKLOADS, Workload
+from bench_sinks_data import WORKLOADS, Workload, spark_schema
 from bench_sinks_monitor import status
 
 DELTA_APP_ID = "bench-sinks"
@@ -110,7 +110,7 @@ class DeltaBatches:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     spark = spark_session(spec["name"], spec.get("spark_conf", {}))
     stream = (
-        spark.readStream.schema(workload(spec).spark_schema)
+        spark.readStream.schema(spark_schema(Path(spec["input"])))
         .option("maxFilesPerTrigger", spec["max_files_per_trigger"])
         .parquet(spec["input"])
     )

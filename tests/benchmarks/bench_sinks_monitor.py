@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _children() -> dict[int, list[int]]:
@@ -48,6 +49,18 @@ def status(pid: int) -> dict[str, int]:
     except OSError:
         pass
     return values
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user and system) of ``pids``, with the children each has waited for (gone ones count 0)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / TICK
 
 
 def _exe_name(pid: int) -> str:

@@ -208,7 +208,8 @@ def table(figures: list[ReaderFigure], spark: str, ours: str) -> list[str]:
     """The report's table: a row per reader, query and output; on the row of Spark's sink's output, its seconds
     and files opened divided by ours."""
     lines = [
-        "| reader | query | output | seconds (median of 3) | files opened | Spark's output / ours: seconds, files |",
+        f"| reader | query | output | seconds (median of {ROUNDS}) | files opened "
+        "| Spark's output / ours: seconds, files |",
         "|---|---|---|---:|---:|---:|",
     ]
     by_key = {(f.reader, f.query, f.output): f for f in figures}
