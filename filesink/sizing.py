@@ -54,8 +54,9 @@ def sample_ratio(task: FileTask, max_rows: int) -> Sample:
     parquet_bytes = 0
     for batches in per_partition.values():
         sink = pa.BufferOutputStream()
-        with pq.ParquetWriter(sink, file_schema, **parquet_options(task)) as writer:
-            writer.write_table(pa.Table.from_batches(batches, file_schema), row_group_size=task.row_group_rows)
+        table = pa.Table.from_batches(batches, file_schema)
+        with pq.ParquetWriter(sink, file_schema, **parquet_options(task, table)) as writer:
+            writer.write_table(table, row_group_size=task.row_group_rows)
         parquet_bytes += sink.tell()
     ratio = parquet_bytes / log_bytes if log_bytes else 1.0
     log.info("file %s: %d sampled rows encode to %.3f Parquet bytes per log byte", task.name, rows, ratio)

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
 from logstore.failpoints import failpoint
 
+from .dictionary import dictionary_columns
 from .errors import FencedError, FileWriteError
 from .output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
 from .partitioning import legacy_partition_dir, partition_dirs
@@ -115,14 +116,14 @@ class _PartitionWriter:
         except Exception as e:
             raise FileWriteError(f"file {self.task.name}: cannot {action} object {self.key}: {e}") from e
 
-    def _open(self) -> pq.ParquetWriter:
+    def _open(self, first: pa.Table) -> pq.ParquetWriter:
         if self._writer is None:
             failpoint("filesink.write.open.before", self.key)
             with self._errors("open"):
                 sink = self.obj.open()
             failpoint("filesink.write.open.after", self.key)
             with self._errors("open"):
-                self._writer = pq.ParquetWriter(sink, self.schema, **parquet_options(self.task))
+                self._writer = pq.ParquetWriter(sink, self.schema, **parquet_options(self.task, first))
         return self._writer
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -139,7 +140,7 @@ class _PartitionWriter:
             self._buffered = rest.num_rows
 
     def _write(self, table: pa.Table) -> None:
-        writer = self._open()
+        writer = self._open(table)
         with self._errors("write"):
             writer.write_table(table, row_group_size=self.task.row_group_rows)
 
@@ -148,7 +149,7 @@ class _PartitionWriter:
         if self._buffered:
             self._write(pa.Table.from_batches(self._buffer, self.schema))
         self._buffer, self._buffered = [], 0
-        writer = self._open()  # a file without rows still gets its schema and footer
+        writer = self._open(self.schema.empty_table())  # a file without rows still gets its schema and footer
         with self._errors("finish"):
             writer.close()
             self.size = self.obj.finish()
@@ -173,12 +174,13 @@ class _PartitionWriter:
 # -- write_file ----------------------------------------------------------------------------------------------
 
 
-def parquet_options(task: FileTask) -> dict[str, Any]:
-    """How the task's Parquet objects are encoded (``pyarrow.parquet.ParquetWriter`` keyword arguments)."""
+def parquet_options(task: FileTask, first: pa.Table) -> dict[str, Any]:
+    """How the task's Parquet objects are encoded (``pyarrow.parquet.ParquetWriter`` keyword arguments), for an
+    object whose first rows written are ``first`` (they choose the dictionary columns: :mod:`.dictionary`)."""
     return {
         "version": PARQUET_FORMAT_VERSION,
         "compression": task.compression,
-        "use_dictionary": True,
+        "use_dictionary": dictionary_columns(first, task.row_group_rows),
         "write_statistics": True,
         "store_schema": True,
     }

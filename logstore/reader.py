@@ -46,23 +46,28 @@ def read_plan(storage: Storage, plan: Iterable[ReadItem]) -> Iterator[LogBatch]:
         schema = schemas.get(item.schema_bytes)
         if schema is None:
             schema = schemas[item.schema_bytes] = segment.decode_schema(item.schema_bytes)
-        for block in item.blocks:
-            try:
-                data = storage.read_range(item.segment, block.offset, block.length)
-            except FileNotFoundError as e:
-                raise SegmentMissingError(
-                    f"{_where(storage, item)}: the segment file of a sealed epoch is missing. {SEGMENT_WAY_OUT}."
-                ) from e
-            problem = segment.block_problem(data, block)
-            if problem:
-                raise SegmentCorruptError(f"segment {_where(storage, item)}: {problem}. {SEGMENT_WAY_OUT}.")
-            try:
-                batch = segment.decode_block(data, schema)
-            except (pa.ArrowInvalid, OSError) as e:
-                raise SegmentCorruptError(
-                    f"segment {_where(storage, item)}: block at offset {block.offset}: {e}. {SEGMENT_WAY_OUT}."
-                ) from e
-            yield LogBatch(item.vnode, item.epoch, item.segment, batch)
+        # One open of the segment for all of the item's blocks (a vnode's rows are many blocks).
+        chunks = storage.read_ranges(item.segment, [(block.offset, block.length) for block in item.blocks])
+        try:
+            for block in item.blocks:
+                try:
+                    data = next(chunks)
+                except FileNotFoundError as e:
+                    raise SegmentMissingError(
+                        f"{_where(storage, item)}: the segment file of a sealed epoch is missing. {SEGMENT_WAY_OUT}."
+                    ) from e
+                problem = segment.block_problem(data, block)
+                if problem:
+                    raise SegmentCorruptError(f"segment {_where(storage, item)}: {problem}. {SEGMENT_WAY_OUT}.")
+                try:
+                    batch = segment.decode_block(data, schema)
+                except (pa.ArrowInvalid, OSError) as e:
+                    raise SegmentCorruptError(
+                        f"segment {_where(storage, item)}: block at offset {block.offset}: {e}. {SEGMENT_WAY_OUT}."
+                    ) from e
+                yield LogBatch(item.vnode, item.epoch, item.segment, batch)
+        finally:
+            chunks.close()
 
 
 def _where(storage: Storage, item: ReadItem) -> str:

@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
@@ -186,6 +186,10 @@ class Storage(Protocol):
 
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         """Read up to ``length`` bytes at ``offset`` (fewer if the file is shorter)."""
+
+    def read_ranges(self, relpath: str, ranges: Sequence[tuple[int, int]]) -> Generator[bytes, None, None]:
+        """:meth:`read_range` of each ``(offset, length)`` in order, one range in memory at a time; the file is
+        opened once where the store has files (a missing file raises ``FileNotFoundError`` at the first)."""
 
     def read_all(self, relpath: str) -> bytes:
         """Read a whole file."""
@@ -402,6 +406,11 @@ class LocalStorage:
         with open(self.root / relpath, "rb") as f:
             return os.pread(f.fileno(), length, offset)
 
+    def read_ranges(self, relpath: str, ranges: Sequence[tuple[int, int]]) -> Generator[bytes, None, None]:
+        with open(self.root / relpath, "rb") as f:
+            for offset, length in ranges:
+                yield os.pread(f.fileno(), length, offset)
+
     def read_all(self, relpath: str) -> bytes:
         return (self.root / relpath).read_bytes()
 
@@ -516,6 +525,10 @@ class FsspecStorage:
         with self._naming(f"read {length} bytes at {offset} of", relpath):
             data: bytes = self.fs.cat_file(self._full(relpath), start=offset, end=offset + length)
         return data
+
+    def read_ranges(self, relpath: str, ranges: Sequence[tuple[int, int]]) -> Generator[bytes, None, None]:
+        for offset, length in ranges:  # one GET each, as object stores have no open files
+            yield self.read_range(relpath, offset, length)
 
     def read_all(self, relpath: str) -> bytes:
         # start=0: one GET (without a range, s3fs asks for the object's size first: a HEAD per read).

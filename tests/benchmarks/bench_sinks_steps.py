@@ -66,7 +66,18 @@ def _timed(owner: Any, name: str, times: collections.Counter[str], calls: collec
     setattr(owner, name, wrapper)
 
 
-def one(kind: str, input_dir: Path, work: Path, rows: int, workload: str = "events") -> dict[str, Any]:
+def _rollover(rows: int, target_mib: float | None) -> dict[str, Any]:
+    import bench_sinks
+
+    rollover = bench_sinks.side_by_side_rollover(rows)
+    if target_mib is not None:
+        rollover["target_file_size"] = int(target_mib * 2**20)
+    return rollover
+
+
+def one(
+    kind: str, input_dir: Path, work: Path, rows: int, workload: str = "events", target_mib: float | None = None
+) -> dict[str, Any]:
     """Run the benchmark's job of one sink (``bench_sinks_jobs.run``) in this process; the figures as a dict."""
     import bench_sinks
     import bench_sinks_jobs
@@ -86,7 +97,7 @@ def one(kind: str, input_dir: Path, work: Path, rows: int, workload: str = "even
         str(work / "out"),
         trigger_seconds=None,
         files_per_batch=bench_sinks.FILES_PER_BATCH,
-        rollover=bench_sinks.side_by_side_rollover(rows) if kind == "ours" else {},
+        rollover=_rollover(rows, target_mib) if kind == "ours" else {},
         workload=workload,
     )
     busy0, total0 = _cpu()
@@ -109,11 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--workload", choices=sorted(data.WORKLOADS), default="events")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
+    parser.add_argument(
+        "--target-mib", type=float, default=None, help="our sink's target file size (default: bench_sinks.py's)"
+    )
     parser.add_argument("--one", nargs=3, metavar=("KIND", "INPUT", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         kind, input_dir, work = args.one
-        print(json.dumps(one(kind, Path(input_dir), Path(work), args.rows, args.workload)), flush=True)
+        print(json.dumps(one(kind, Path(input_dir), Path(work), args.rows, args.workload, args.target_mib)), flush=True)
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench_steps-", dir=args.dir or Path.cwd()))
     try:
@@ -128,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(args.rows),
                     "--workload",
                     args.workload,
+                    *(["--target-mib", str(args.target_mib)] if args.target_mib is not None else []),
                     "--one",
                     kind,
                     str(work / "input"),

@@ -63,6 +63,48 @@ def test_blocks_bound_the_rows_held_in_memory(open_store):
     assert flatten(items) == expected_order({0: [(desc.name, table)]}, range(0, 4))
 
 
+class _CountingReads:
+    """The store's own storage, counting how often a segment is opened for reading (one ``read_ranges`` call)."""
+
+    def __init__(self, storage):
+        self.storage = storage
+        self.opens = 0
+        self.ranges = 0
+
+    def read_ranges(self, relpath, ranges):
+        self.opens += 1
+        self.ranges += len(ranges)
+        return self.storage.read_ranges(relpath, ranges)
+
+    def __getattr__(self, name):
+        return getattr(self.storage, name)
+
+
+def test_a_segment_is_read_with_one_open_per_vnode_not_per_block(open_store):
+    store = open_store(vnodes=4)
+    target = dataclasses.replace(store.target, max_block_bytes=2048)
+    table = make_rows(range(5000), [i % 2 for i in range(5000)])
+    desc = append_segment(target, 0, table, writer_id="w")
+    store.seal(0, [desc])
+    plan = store.plan_read(dict.fromkeys(range(4), -1), 0)
+    counting = _CountingReads(store.storage)
+    got = flatten(read_plan(counting, plan))
+    assert got == expected_order({0: [(desc.name, table)]}, range(0, 4))
+    assert counting.ranges > 20, "a vnode's rows must be split into several blocks"
+    assert counting.opens == len(plan) == 2, "one open per vnode of the segment (vnodes 0 and 1 hold its rows)"
+
+
+def test_read_ranges_reads_what_read_range_reads(open_store):
+    storage = open_store(vnodes=4).storage
+    data = bytes(range(256)) * 40
+    storage.write("segment", [data])
+    ranges = [(0, 10), (5000, 300), (10230, 100), (7, 0)]  # the third runs past the end
+    assert list(storage.read_ranges("segment", ranges)) == [data[o : o + n] for o, n in ranges]
+    assert [storage.read_range("segment", o, n) for o, n in ranges] == [data[o : o + n] for o, n in ranges]
+    with pytest.raises(FileNotFoundError):
+        next(storage.read_ranges("gone", [(0, 10)]))
+
+
 def test_empty_appends_and_empty_epochs(open_store):
     store = open_store(vnodes=4)
     assert append_segment(store.target, 0, make_rows([], [])) is None

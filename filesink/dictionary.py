@@ -1,0 +1,82 @@
+"""Which columns of a Parquet file get a dictionary: decided from the file's first rows, before writing them.
+
+pyarrow's writer starts every column chunk with a dictionary and, once the dictionary outgrows its page limit
+(``DICTIONARY_PAGE_LIMIT``), falls back to plain encoding for the rest of the chunk: a column of mostly
+distinct values (ids, timestamps, session keys, free text) pays for hashing every value into a dictionary that
+is then dropped. :func:`dictionary_columns` estimates, from a probe of the first rows, how large each column's
+dictionary would grow over a row group, and writes plain from the start the columns whose dictionary would
+not fit; every other column keeps the dictionary.
+
+The estimate counts the probe's distinct values and how many were seen once and twice (Chao1, which tends to
+underestimate: when unsure, a column keeps its dictionary, as it would without this module). The choice
+depends only on the rows, so a re-written file gets the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+DICTIONARY_PAGE_LIMIT = 1024 * 1024
+"""pyarrow's ``dictionary_pagesize_limit`` default: a dictionary larger than this falls back to plain."""
+
+PROBE_ROWS = 20_000
+"""Rows of the first rows written that decide each column's encoding."""
+
+_LENGTH_PREFIX = 4
+"""Bytes before each binary value in a plain-encoded dictionary page."""
+
+
+def dictionary_columns(table: pa.Table, row_group_rows: int) -> bool | list[str]:
+    """``use_dictionary`` for a file whose first rows are ``table``: True (every column), or the Parquet
+    column paths that keep a dictionary."""
+    rows_per_group = min(table.num_rows, row_group_rows)
+    probe = table.slice(0, PROBE_ROWS)
+    plain = {
+        field.name
+        for field, column in zip(table.schema, probe.columns, strict=True)
+        if _plain_is_better(field.type, column, rows_per_group)
+    }
+    if not plain:
+        return True
+    return [path for path in leaf_paths(table.schema) if path not in plain]  # a plain column is a leaf
+
+
+def _plain_is_better(kind: pa.DataType, column: pa.ChunkedArray, rows_per_group: int) -> bool:
+    if not (pa.types.is_primitive(kind) or _is_binary(kind)) or pa.types.is_boolean(kind):
+        return False  # nested and dictionary columns keep pyarrow's default
+    values = column.drop_null()
+    if len(values) == 0:
+        return False
+    counts = pc.value_counts(values).field("counts")
+    distinct = len(counts)
+    once = pc.sum(pc.equal(counts, 1)).as_py() or 0
+    twice = pc.sum(pc.equal(counts, 2)).as_py() or 0
+    estimated = distinct + (once * once / (2 * twice) if twice else once * (once - 1) / 2)
+    in_group = estimated * -math.expm1(-rows_per_group / estimated)  # distinct values expected in a row group
+    if _is_binary(kind):
+        value_bytes = pc.sum(pc.binary_length(pc.unique(values))).as_py() / distinct + _LENGTH_PREFIX
+    else:
+        value_bytes = kind.bit_width / 8
+    return bool(in_group * value_bytes > DICTIONARY_PAGE_LIMIT)
+
+
+def _is_binary(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
+
+
+def leaf_paths(schema: pa.Schema) -> list[str]:
+    """The Parquet column paths (``s.x``, ``l.list.element``) of ``schema``'s leaves, as pyarrow names them."""
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema):
+        pass
+    parquet_schema = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    return [parquet_schema.column(i).path for i in range(len(parquet_schema))]
