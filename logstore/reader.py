@@ -42,16 +42,14 @@ class ReadItem:
 def read_plan(storage: Storage, plan: Iterable[ReadItem]) -> Iterator[LogBatch]:
     """Fetch, check and decode the blocks of ``plan`` in order, one block in memory at a time."""
     schemas: dict[bytes, pa.Schema] = {}
-    for item in plan:
-        schema = schemas.get(item.schema_bytes)
-        if schema is None:
-            schema = schemas[item.schema_bytes] = segment.decode_schema(item.schema_bytes)
-        # One open of the segment for all of the item's blocks (a vnode's rows are many blocks).
-        chunks = storage.read_ranges(item.segment, [(block.offset, block.length) for block in item.blocks])
-        try:
+    with storage.reading() as read:  # local segments stay open: a plan reads each one vnode after vnode
+        for item in plan:
+            schema = schemas.get(item.schema_bytes)
+            if schema is None:
+                schema = schemas[item.schema_bytes] = segment.decode_schema(item.schema_bytes)
             for block in item.blocks:
                 try:
-                    data = next(chunks)
+                    data = read(item.segment, block.offset, block.length)
                 except FileNotFoundError as e:
                     raise SegmentMissingError(
                         f"{_where(storage, item)}: the segment file of a sealed epoch is missing. {SEGMENT_WAY_OUT}."
@@ -66,8 +64,6 @@ def read_plan(storage: Storage, plan: Iterable[ReadItem]) -> Iterator[LogBatch]:
                         f"segment {_where(storage, item)}: block at offset {block.offset}: {e}. {SEGMENT_WAY_OUT}."
                     ) from e
                 yield LogBatch(item.vnode, item.epoch, item.segment, batch)
-        finally:
-            chunks.close()
 
 
 def _where(storage: Storage, item: ReadItem) -> str:

@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import uuid
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
@@ -171,6 +171,13 @@ class LogLocation:
         return FsspecStorage(self.url, dict(self.storage_options))
 
 
+ReadRange = Callable[[str, int, int], bytes]
+"""``read(relpath, offset, length)``: up to ``length`` bytes at ``offset`` (:meth:`Storage.reading`)."""
+
+OPEN_FOR_READS = 128
+"""Files a local :meth:`Storage.reading` keeps open at most."""
+
+
 class Storage(Protocol):
     """Operations the log store needs, on paths relative to the log store root (always ``/``-separated)."""
 
@@ -187,9 +194,10 @@ class Storage(Protocol):
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         """Read up to ``length`` bytes at ``offset`` (fewer if the file is shorter)."""
 
-    def read_ranges(self, relpath: str, ranges: Sequence[tuple[int, int]]) -> Generator[bytes, None, None]:
-        """:meth:`read_range` of each ``(offset, length)`` in order, one range in memory at a time; the file is
-        opened once where the store has files (a missing file raises ``FileNotFoundError`` at the first)."""
+    def reading(self) -> contextlib.AbstractContextManager[ReadRange]:
+        """:meth:`read_range` for many reads: on local disk the first ``OPEN_FOR_READS`` files read stay open
+        until the block ends, so that reading a plan's blocks, vnode after vnode across the same segments, opens
+        each segment once (a plan of more segments opens the others at each read, as :meth:`read_range` does)."""
 
     def read_all(self, relpath: str) -> bytes:
         """Read a whole file."""
@@ -406,10 +414,28 @@ class LocalStorage:
         with open(self.root / relpath, "rb") as f:
             return os.pread(f.fileno(), length, offset)
 
-    def read_ranges(self, relpath: str, ranges: Sequence[tuple[int, int]]) -> Generator[bytes, None, None]:
-        with open(self.root / relpath, "rb") as f:
-            for offset, length in ranges:
-                yield os.pread(f.fileno(), length, offset)
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[ReadRange]:
+        open_files: dict[str, int] = {}  # relpath -> descriptor, the most recently read last
+
+        def read(relpath: str, offset: int, length: int) -> bytes:
+            fd = open_files.get(relpath)
+            if fd is not None:
+                return os.pread(fd, length, offset)
+            fd = os.open(self.root / relpath, os.O_RDONLY | os.O_CLOEXEC)
+            if len(open_files) < OPEN_FOR_READS:
+                open_files[relpath] = fd
+                return os.pread(fd, length, offset)
+            try:  # the first files read stay open; beyond them, a read opens its file (a plan cycles through them)
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+
+        try:
+            yield read
+        finally:
+            for fd in open_files.values():
+                os.close(fd)
 
     def read_all(self, relpath: str) -> bytes:
         return (self.root / relpath).read_bytes()
@@ -526,9 +552,9 @@ class FsspecStorage:
             data: bytes = self.fs.cat_file(self._full(relpath), start=offset, end=offset + length)
         return data
 
-    def read_ranges(self, relpath: str, ranges: Sequence[tuple[int, int]]) -> Generator[bytes, None, None]:
-        for offset, length in ranges:  # one GET each, as object stores have no open files
-            yield self.read_range(relpath, offset, length)
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[ReadRange]:
+        yield self.read_range  # one GET per read: object stores have no open files
 
     def read_all(self, relpath: str) -> bytes:
         # start=0: one GET (without a range, s3fs asks for the object's size first: a HEAD per read).

@@ -26,11 +26,11 @@ def workload(spec: dict[str, Any]) -> Workload:
     return WORKLOADS[spec.get("workload") or "events"]
 
 
-def spark_session(name: str, conf: dict[str, str]) -> Any:
+def spark_session(name: str, conf: dict[str, str], cores: int = 2) -> Any:
     from filesink.localspark import local_spark
 
     base = {"spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "4g"}
-    return local_spark(f"bench-{name}", cores=2, conf={**base, **conf})
+    return local_spark(f"bench-{name}", cores=cores, conf={**base, **conf})
 
 
 def _progress(query: Any) -> list[dict[str, Any]]:
@@ -108,7 +108,7 @@ class DeltaBatches:
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    spark = spark_session(spec["name"], spec.get("spark_conf", {}))
+    spark = spark_session(spec["name"], spec.get("spark_conf", {}), spec["parallelism"])
     stream = (
         spark.readStream.schema(spark_schema(Path(spec["input"])))
         .option("maxFilesPerTrigger", spec["max_files_per_trigger"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -76,7 +77,13 @@ def _rollover(rows: int, target_mib: float | None) -> dict[str, Any]:
 
 
 def one(
-    kind: str, input_dir: Path, work: Path, rows: int, workload: str = "events", target_mib: float | None = None
+    kind: str,
+    input_dir: Path,
+    work: Path,
+    rows: int,
+    workload: str = "events",
+    target_mib: float | None = None,
+    parallelism: int = 2,
 ) -> dict[str, Any]:
     """Run the benchmark's job of one sink (``bench_sinks_jobs.run``) in this process; the figures as a dict."""
     import bench_sinks
@@ -100,6 +107,7 @@ def one(
         rollover=_rollover(rows, target_mib) if kind == "ours" else {},
         workload=workload,
     )
+    spec["parallelism"] = parallelism  # Spark's cores (local[N]) and our sink's writers
     busy0, total0 = _cpu()
     result = bench_sinks_jobs.run(spec)
     busy1, total1 = _cpu()
@@ -120,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--workload", choices=sorted(data.WORKLOADS), default="events")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
+    parser.add_argument("--parallelism", type=int, default=2, help="local[N] and our sink's writers (default 2)")
     parser.add_argument(
         "--target-mib", type=float, default=None, help="our sink's target file size (default: bench_sinks.py's)"
     )
@@ -127,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.one:
         kind, input_dir, work = args.one
-        print(json.dumps(one(kind, Path(input_dir), Path(work), args.rows, args.workload, args.target_mib)), flush=True)
+        figures = one(kind, Path(input_dir), Path(work), args.rows, args.workload, args.target_mib, args.parallelism)
+        print(json.dumps(figures), flush=True)
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench_steps-", dir=args.dir or Path.cwd()))
     try:
@@ -143,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                     "--workload",
                     args.workload,
                     *(["--target-mib", str(args.target_mib)] if args.target_mib is not None else []),
+                    "--parallelism",
+                    str(args.parallelism),
                     "--one",
                     kind,
                     str(work / "input"),
@@ -153,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                 check=True,
             )
             results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{args.rows:,} rows of {args.workload}, local[2], available-now trigger, 2 input files per batch")
+        print(
+            f"{args.rows:,} rows of {args.workload}, local[{args.parallelism}], available-now trigger, "
+            f"2 input files per batch; load average {os.getloadavg()[0]:.2f} at the end"
+        )
         print("| | Spark's sink | ours |")
         print("|---|---:|---:|")
         spark, ours = results["spark"], results["ours"]

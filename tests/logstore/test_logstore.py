@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import pickle
 import random
 from queue import Empty
@@ -12,6 +13,7 @@ import pyarrow as pa
 import pytest
 from helpers import expected_order, flatten, make_rows, random_rows
 
+import logstore.storage
 from logstore import (
     EpochNotSealedError,
     EpochOrderError,
@@ -63,46 +65,72 @@ def test_blocks_bound_the_rows_held_in_memory(open_store):
     assert flatten(items) == expected_order({0: [(desc.name, table)]}, range(0, 4))
 
 
-class _CountingReads:
-    """The store's own storage, counting how often a segment is opened for reading (one ``read_ranges`` call)."""
+def test_reading_a_plan_opens_each_local_segment_once_and_closes_it(open_store, monkeypatch):
+    """A plan reads vnode after vnode across the same segments: each local segment is opened once (not once per
+    vnode or block), no more than ``OPEN_FOR_READS`` stay open, and none is left open once the plan is read."""
+    store = open_store(vnodes=16)
+    rng = random.Random(3)
+    sealed = {}
+    for epoch in range(3):
+        segs = []
+        for writer in ("a", "b"):
+            table = random_rows(rng, 1000 * (2 * epoch + len(segs)), 300, 16)
+            segs.append((append_segment(store.target, epoch, table, writer_id=writer), table))
+        store.seal(epoch, [d for d, _ in segs])
+        sealed[epoch] = [(d.name, t) for d, t in segs]
+    plan = store.plan_read(dict.fromkeys(range(16), -1), 2)
+    assert len(plan) > 60, "every vnode's rows of every segment: one item each"
+    opened: list[str] = []
+    real_open = os.open
 
-    def __init__(self, storage):
-        self.storage = storage
-        self.opens = 0
-        self.ranges = 0
+    def counting_open(path, flags, *args, **kwargs):
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
 
-    def read_ranges(self, relpath, ranges):
-        self.opens += 1
-        self.ranges += len(ranges)
-        return self.storage.read_ranges(relpath, ranges)
+    monkeypatch.setattr(os, "open", counting_open)
+    segment_names = {d for epoch in sealed.values() for d, _ in epoch}
+    local = store.storage.display("x").startswith("/")  # object stores have no open files
 
-    def __getattr__(self, name):
-        return getattr(self.storage, name)
+    def open_segments() -> int:
+        return sum(1 for fd in os.listdir("/proc/self/fd") if _points_to(fd, segment_names))
+
+    for keep_open in (logstore.storage.OPEN_FOR_READS, 4):
+        monkeypatch.setattr(logstore.storage, "OPEN_FOR_READS", keep_open)
+        opened.clear()
+        got, most_open = [], 0
+        for item in read_plan(store.storage, plan):
+            got.append(item)
+            most_open = max(most_open, open_segments())
+        assert flatten(got) == expected_order(sealed, range(16))
+        assert open_segments() == 0, "nothing is left open"
+        if not local:
+            assert opened == []
+        elif keep_open > 6:
+            assert len(opened) == len(set(opened)) == 6, "each of the 6 segments opened once"
+            assert most_open == 6
+        else:
+            assert len(set(opened)) == 6 and len(opened) > 6, "2 segments beyond the 4 kept open: opened per read"
+            assert 1 <= most_open <= 5, "4 kept open, and the one being read"
 
 
-def test_a_segment_is_read_with_one_open_per_vnode_not_per_block(open_store):
-    store = open_store(vnodes=4)
-    target = dataclasses.replace(store.target, max_block_bytes=2048)
-    table = make_rows(range(5000), [i % 2 for i in range(5000)])
-    desc = append_segment(target, 0, table, writer_id="w")
-    store.seal(0, [desc])
-    plan = store.plan_read(dict.fromkeys(range(4), -1), 0)
-    counting = _CountingReads(store.storage)
-    got = flatten(read_plan(counting, plan))
-    assert got == expected_order({0: [(desc.name, table)]}, range(0, 4))
-    assert counting.ranges > 20, "a vnode's rows must be split into several blocks"
-    assert counting.opens == len(plan) == 2, "one open per vnode of the segment (vnodes 0 and 1 hold its rows)"
+def _points_to(fd: str, names: set[str]) -> bool:
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False
+    return any(target.endswith(name) for name in names)
 
 
-def test_read_ranges_reads_what_read_range_reads(open_store):
+def test_read_range_reads_up_to_the_end_of_the_file(open_store):
     storage = open_store(vnodes=4).storage
     data = bytes(range(256)) * 40
     storage.write("segment", [data])
     ranges = [(0, 10), (5000, 300), (10230, 100), (7, 0)]  # the third runs past the end
-    assert list(storage.read_ranges("segment", ranges)) == [data[o : o + n] for o, n in ranges]
+    with storage.reading() as read:
+        assert [read("segment", o, n) for o, n in ranges] == [data[o : o + n] for o, n in ranges]
+        with pytest.raises(FileNotFoundError):
+            read("gone", 0, 10)
     assert [storage.read_range("segment", o, n) for o, n in ranges] == [data[o : o + n] for o, n in ranges]
-    with pytest.raises(FileNotFoundError):
-        next(storage.read_ranges("gone", [(0, 10)]))
 
 
 def test_empty_appends_and_empty_epochs(open_store):
