@@ -47,9 +47,6 @@ MiB = 2**20
 MB = 1e6
 FULL_ROWS = 10_000_000
 QUICK_ROWS = 200_000
-FULL_TARGET = 16 * MiB
-"""Target file size of our sink in the side-by-side runs, with 100,000-row input files (smaller runs have smaller
-input files, and the target shrinks with them)."""
 MAX_AGE_SECONDS = 60.0
 PARALLELISM = 2
 FILES_PER_BATCH = 2
@@ -223,12 +220,12 @@ def _batch_latencies(kind: str, result: dict[str, Any], seen: dict[str, float], 
     return [visible[b] - ends[b] for b in sorted(ends) if rows_of.get(b, 0) > 0 and b in visible]
 
 
-def side_by_side_rollover(rows: int) -> dict[str, Any]:
-    """Our sink's rollover in the side-by-side runs (``Rollover`` keywords): a 60-second age rule and a target of
-    16 MiB at 10 M rows, scaled with the rows of an input file, so that a batch is the same share of a file at
-    every scale."""
+def side_by_side_rollover(rows: int, workload: str = "events") -> dict[str, Any]:
+    """Our sink's rollover in the side-by-side runs (``Rollover`` keywords): a 60-second age rule and the
+    workload's target (16 MiB for ``events``) at 10 M rows, scaled with the rows of an input file, so that a batch
+    is the same share of a file at every scale."""
     return {
-        "target_file_size": int(FULL_TARGET * data.file_rows(rows)[0] / 100_000),
+        "target_file_size": int(data.WORKLOADS[workload].target_mib * MiB * data.file_rows(rows)[0] / 100_000),
         "max_age_seconds": MAX_AGE_SECONDS,
     }
 
@@ -663,6 +660,10 @@ def report(
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     every_run = [r for runs in all_runs.values() for r in runs] + trigger_runs + part.runs
     busy = max(loads[0][0], loads[1][0]) > LOAD_WARNING or any(max(r.load) > LOAD_WARNING for r in every_run)
+
+    def workload_target(name: str) -> int:
+        return int(side_by_side_rollover(args.rows, name)["target_file_size"])
+
     keys = sorted({c for name in all_runs for c in data.WORKLOADS[name].key_columns})
     tables: list[str] = []
     for name, runs in all_runs.items():
@@ -690,8 +691,9 @@ def report(
         f"{FILES_PER_BATCH} input files per batch ({spark.batches} batches of about "
         f"{args.rows // max(1, spark.batches):,} rows), one table per workload. Our sink: key "
         f"{', '.join(f'`{k}`' for k in keys)}, 256 vnodes, parallelism "
-        f"{PARALLELISM}, `Rollover(target_file_size={target / MiB:g} MiB, max_age_seconds={MAX_AGE_SECONDS:g})`, "
-        "zstd; its time includes the final `flush()`.",
+        f"{PARALLELISM}, `Rollover(target_file_size=..., max_age_seconds={MAX_AGE_SECONDS:g})` with the target "
+        + ", ".join(f"{workload_target(w) / MiB:g} MiB for `{w}`" for w in all_runs)
+        + " (a writer's file holds several batches), zstd; its time includes the final `flush()`.",
         "",
         *tables,
         f"At 1-second triggers, 1 input file per batch ({t_spark.batches} batches), the `events` input:",
@@ -880,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
             trigger: float | None,
             per_batch: int,
             remote: bool = False,
-            rollover: dict[str, Any] = sized,
+            rollover: dict[str, Any] | None = None,
             workload: str = "events",
             partition_by: list[str] | None = None,
         ) -> SinkRun:
@@ -896,7 +898,9 @@ def main(argv: list[str] | None = None) -> int:
                 output=out,
                 trigger_seconds=trigger,
                 files_per_batch=per_batch,
-                rollover=rollover if kind == "ours" else {},
+                rollover=(side_by_side_rollover(args.rows, workload) if rollover is None else rollover)
+                if kind == "ours"
+                else {},
                 s3=s3 if remote else None,
                 workload=workload,
                 partition_by=partition_by,

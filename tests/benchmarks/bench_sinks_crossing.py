@@ -106,7 +106,17 @@ def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> di
 
         return run
 
+    def tiny_jvm(_: int) -> None:
+        """What every Spark job costs: two rows, one per core, no Python."""
+        spark.range(0, 2, 1, 2).collect()
+
+    def tiny_python(_: int) -> None:
+        """What every job of our sink costs (an append or a file-writing job): two rows through ``mapInArrow``."""
+        spark.range(0, 2, 1, 2).mapInArrow(count_rows, "rows long").collect()
+
     return {
+        "a 2-row job, JVM only": tiny_jvm,
+        "a 2-row mapInArrow job": tiny_python,
         "read": read,
         "to Python": to_python,
         "append": append,

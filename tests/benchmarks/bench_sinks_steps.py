@@ -2,15 +2,16 @@
 
 Not a test (pytest does not collect it). Run from the repository root::
 
-    python tests/benchmarks/bench_sinks_steps.py [--rows N] [--workload NAME] [--dir DIR]
+    python tests/benchmarks/bench_sinks_steps.py [--rows N] [--workload NAME] [--parallelism N] [--target-mib M]
 
 It generates the input of ``bench_sinks.py`` and runs that script's job (``bench_sinks_jobs.run``, the
 side-by-side setup: available-now trigger, 2 input files per batch), each in a child process with its own
-``local[2]`` Spark session, through Spark's Parquet sink and through ours (local output, 16 MiB target at 10 M
-rows). For each it prints the run's time (as ``bench_sinks.py`` counts it), Spark's per-batch durations summed
-over the run (``addBatch`` is the time in the sink), and how busy the machine's CPUs were over the job, Spark's
-start-up included (``/proc/stat``). For ours it also prints the time spent in each step of the sink, measured
-by wrapping the sink's methods with timers (the benchmark's own hook; the sink has no such instrumentation).
+``local[N]`` Spark session (``--parallelism N``, 2 by default; our sink has N writers), through Spark's Parquet
+sink and through ours (local output, ``bench_sinks.py``'s target for the workload, or ``--target-mib``). For
+each it prints the run's time (as ``bench_sinks.py`` counts it), Spark's per-batch durations summed over the
+run (``addBatch`` is the time in the sink), and how busy the machine's CPUs were over the job, Spark's start-up
+included (``/proc/stat``). For ours it also prints the time spent in each step of the sink, measured by wrapping
+the sink's methods with timers (the benchmark's own hook; the sink has no such instrumentation).
 See ``docs/benchmarks.md``.
 """
 
@@ -67,10 +68,10 @@ def _timed(owner: Any, name: str, times: collections.Counter[str], calls: collec
     setattr(owner, name, wrapper)
 
 
-def _rollover(rows: int, target_mib: float | None) -> dict[str, Any]:
+def _rollover(rows: int, workload: str, target_mib: float | None) -> dict[str, Any]:
     import bench_sinks
 
-    rollover = bench_sinks.side_by_side_rollover(rows)
+    rollover = bench_sinks.side_by_side_rollover(rows, workload)
     if target_mib is not None:
         rollover["target_file_size"] = int(target_mib * 2**20)
     return rollover
@@ -104,7 +105,7 @@ def one(
         str(work / "out"),
         trigger_seconds=None,
         files_per_batch=bench_sinks.FILES_PER_BATCH,
-        rollover=_rollover(rows, target_mib) if kind == "ours" else {},
+        rollover=_rollover(rows, workload, target_mib) if kind == "ours" else {},
         workload=workload,
     )
     spec["parallelism"] = parallelism  # Spark's cores (local[N]) and our sink's writers
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     parser.add_argument("--parallelism", type=int, default=2, help="local[N] and our sink's writers (default 2)")
     parser.add_argument(
-        "--target-mib", type=float, default=None, help="our sink's target file size (default: bench_sinks.py's)"
+        "--target-mib", type=float, default=None, help="our sink's target (default: bench_sinks.py's for the workload)"
     )
     parser.add_argument("--one", nargs=3, metavar=("KIND", "INPUT", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
