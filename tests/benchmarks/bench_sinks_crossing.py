@@ -37,9 +37,9 @@ VNODES = 256
 
 
 def tree_cpu_seconds() -> float:
-    """CPU seconds of this process's descendants (the JVM and its Python workers): other work on the machine does
-    not count, unlike wall time."""
-    return monitor.cpu_seconds(monitor.descendants(os.getpid()))
+    """CPU seconds of this process (the driver's Python side) and its descendants (the JVM and its Python
+    workers): other work on the machine does not count, unlike wall time."""
+    return time.process_time() + monitor.cpu_seconds(monitor.descendants(os.getpid()))
 
 
 def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> dict[str, Callable[[int], None]]:
@@ -90,6 +90,14 @@ def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> di
     def append_sorted(i: int) -> None:
         frame(sort=True).mapInArrow(append_rows(i), "rows long").collect()
 
+    def to_driver(_: int) -> None:
+        """The rows to this process as Arrow (``toArrow``: converted in the JVM, no Python worker)."""
+        frame().toArrow()
+
+    def append_in_driver(i: int) -> None:
+        """Our append of the rows collected to this process as Arrow: one segment, written here."""
+        append_segment(target, 10_000 + i, frame().toArrow(), writer_id="driver")
+
     def spark_segments(i: int) -> None:
         """Spark itself writing what a segment holds: the rows sorted by vnode, uncompressed Parquet, no dictionary."""
         out = work / f"segments-{i}"
@@ -120,6 +128,8 @@ def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> di
         "read": read,
         "to Python": to_python,
         "append": append,
+        "to the driver (toArrow)": to_driver,
+        "append in the driver (toArrow)": append_in_driver,
         "to Python, sorted by vnode in the JVM": to_python_sorted,
         "append, sorted by vnode in the JVM": append_sorted,
         "Spark writes segments (sorted, uncompressed Parquet)": spark_segments,
@@ -160,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         med = {name: statistics.median(t) for name, t in times.items()}
         print(f"{args.rows:,} rows of {workload.name}, local[2], median of {args.repeat} (after a warm-up round):")
-        print("| job | seconds | rows/s | CPU seconds (JVM and Python workers) |")
+        print("| job | seconds | rows/s | CPU seconds (driver, JVM and Python workers) |")
         print("|---|---:|---:|---:|")
         for name, seconds in med.items():
             cpu = statistics.median(cpu_times[name])
-            print(f"| {name} | {seconds:.1f} | {args.rows / seconds:,.0f} | {cpu:.1f} |")
+            print(f"| {name} | {seconds:.2f} | {args.rows / seconds:,.0f} | {cpu:.2f} |")
         print(
             f"\nmoving the rows into Python: {med['to Python'] - med['read']:.1f} s; our append on top: "
             f"{med['append'] - med['to Python']:.1f} s; Spark's Parquet writing on top of reading: "
