@@ -375,7 +375,7 @@ def run(rows: int, base: Path, repeat: int) -> None:
         print(f"  read / raw read      {med['read_ratio']:7.2f}")
         print(
             "  note: both reads are warm (the segment was just written and is in the page cache), so they measure\n"
-            "  the CPU cost of reading (per-block open + pread, CRC-32, IPC decode), not the disk."
+            "  the CPU cost of reading (one open per segment, pread per block, CRC-32, IPC decode), not the disk."
         )
         if max(raw_writes) > 2 * min(raw_writes):
             print(
