@@ -51,16 +51,19 @@ def _plain_is_better(kind: pa.DataType, column: pa.ChunkedArray, rows_per_group:
     values = column.drop_null()
     if len(values) == 0:
         return False
-    counts = pc.value_counts(values).field("counts")
-    distinct = len(counts)
-    once = pc.sum(pc.equal(counts, 1)).as_py() or 0
-    twice = pc.sum(pc.equal(counts, 2)).as_py() or 0
+    try:
+        counts = pc.value_counts(values).field("counts")
+        distinct = len(counts)
+        once = pc.sum(pc.equal(counts, 1)).as_py() or 0
+        twice = pc.sum(pc.equal(counts, 2)).as_py() or 0
+        if _is_binary(kind):
+            value_bytes = pc.sum(pc.binary_length(pc.unique(values))).as_py() / distinct + _LENGTH_PREFIX
+        else:
+            value_bytes = kind.bit_width / 8
+    except (pa.ArrowNotImplementedError, ValueError):  # a type the kernels do not count: pyarrow's default
+        return False
     estimated = distinct + (once * once / (2 * twice) if twice else once * (once - 1) / 2)
     in_group = estimated * -math.expm1(-rows_per_group / estimated)  # distinct values expected in a row group
-    if _is_binary(kind):
-        value_bytes = pc.sum(pc.binary_length(pc.unique(values))).as_py() / distinct + _LENGTH_PREFIX
-    else:
-        value_bytes = kind.bit_width / 8
     return bool(in_group * value_bytes > DICTIONARY_PAGE_LIMIT)
 
 

@@ -416,7 +416,7 @@ class LocalStorage:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[ReadRange]:
-        open_files: dict[str, int] = {}  # relpath -> descriptor, the most recently read last
+        open_files: dict[str, int] = {}  # relpath -> descriptor, of the first OPEN_FOR_READS files read
 
         def read(relpath: str, offset: int, length: int) -> bytes:
             fd = open_files.get(relpath)
