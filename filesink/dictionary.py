@@ -52,12 +52,13 @@ def _plain_is_better(kind: pa.DataType, column: pa.ChunkedArray, rows_per_group:
     if len(values) == 0:
         return False
     try:
-        counts = pc.value_counts(values).field("counts")
+        counted = pc.value_counts(values)
+        counts = counted.field("counts")
         distinct = len(counts)
         once = pc.sum(pc.equal(counts, 1)).as_py() or 0
         twice = pc.sum(pc.equal(counts, 2)).as_py() or 0
         if _is_binary(kind):
-            value_bytes = pc.sum(pc.binary_length(pc.unique(values))).as_py() / distinct + _LENGTH_PREFIX
+            value_bytes = pc.sum(pc.binary_length(counted.field("values"))).as_py() / distinct + _LENGTH_PREFIX
         else:
             value_bytes = kind.bit_width / 8
     except (pa.ArrowNotImplementedError, ValueError):  # a type the kernels do not count: pyarrow's default

@@ -73,7 +73,7 @@ def _rollover(rows: int, workload: str, target_mib: float | None) -> dict[str, A
 
     rollover = bench_sinks.side_by_side_rollover(rows, workload)
     if target_mib is not None:
-        rollover["target_file_size"] = int(target_mib * 2**20)
+        rollover["target_file_size"] = int(target_mib * bench_sinks.MiB)
     return rollover
 
 
