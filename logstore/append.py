@@ -5,8 +5,9 @@ travels in an :class:`AppendTarget`, which pickles.
 
 The rows are sorted by vnode and encoded step by step while the storage writes what is ready: for local
 storage a writer thread writes one group of blocks while the next group is sorted (``take``) and serialized,
-so the CPU work overlaps the disk and only about one group of sorted rows is in memory at a time. The rows
-and their order are those of sorting the whole table at once (stable, by vnode).
+so the CPU work overlaps the disk and only about one group of sorted rows is in memory at a time (large
+string, binary and nested columns are reordered in two passes, see :mod:`logstore.reorder`). The rows and
+their order are those of sorting the whole table at once (stable, by vnode).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow.compute as pc
 from . import segment
 from .errors import InvalidSegmentInputError, LogStoreError, LogWriteError
 from .failpoints import failpoint
+from .reorder import Reorder
 from .storage import LogLocation
 
 VNODE_COLUMN = "__vnode"
@@ -120,8 +122,9 @@ def _sorted_groups(
     data = data.combine_chunks()
     rows_per_block = segment.rows_per_block(data.nbytes, data.num_rows, max_block_bytes)
     group_rows = max(1, GROUP_BYTES // max(1, data.nbytes // max(1, data.num_rows)))
+    rows = Reorder(data, order)
     for start, end, pieces in _groups(runs, rows_per_block, group_rows):
-        batch = _one_batch(data.take(order.slice(start, end - start)))
+        batch = _one_batch(rows.take(start, end))
         yield from encoder.blocks(batch, [(v, first - start, count) for v, first, count in pieces], rows_per_block)
     yield from encoder.finish(data.schema)
 

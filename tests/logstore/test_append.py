@@ -3,7 +3,6 @@ of a stable sort by vnode, and errors on either side must leave no file and no t
 
 from __future__ import annotations
 
-import decimal
 import errno
 import random
 import threading
@@ -12,8 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from helpers import COLUMN_KINDS, random_column
 
-from logstore import AppendTarget, LogLocation, LogStore, append_segment, segment, storage
+from logstore import AppendTarget, LogLocation, LogStore, append_segment, reorder, segment, storage
 from logstore import append as append_module
 from logstore.append import VNODE_COLUMN
 
@@ -36,62 +36,13 @@ def file_rows(data: bytes) -> list[tuple[int, dict]]:
     return out
 
 
-def _column(rng: random.Random, kind: str, n: int, null_share: float) -> pa.Array:
-    def values(make):
-        return [None if rng.random() < null_share else make() for _ in range(n)]
-
-    if kind == "int64":
-        return pa.array(values(lambda: rng.getrandbits(62)), pa.int64())
-    if kind == "int8":
-        return pa.array(values(lambda: rng.randrange(-100, 100)), pa.int8())
-    if kind == "float":
-        return pa.array(values(rng.random), pa.float64())
-    if kind == "bool":
-        return pa.array(values(lambda: rng.random() < 0.5), pa.bool_())
-    if kind == "string":  # empty, short and long strings, multi-byte characters
-        return pa.array(values(lambda: "é" * rng.randrange(rng.choice([1, 4, 60]))), pa.string())
-    if kind == "sparse_string":  # mostly empty: a group's next rows may hold little string data
-        return pa.array(values(lambda: "z" * 100 if rng.random() < 0.002 else ""), pa.string())
-    if kind == "large_string":
-        return pa.array(values(lambda: "x" * rng.randrange(12)), pa.large_string())
-    if kind == "binary":
-        return pa.array(values(lambda: rng.randbytes(rng.randrange(6))), pa.binary())
-    if kind == "timestamp":
-        return pa.array(values(lambda: rng.getrandbits(40)), pa.timestamp("us", tz="UTC"))
-    if kind == "decimal":
-        return pa.array(values(lambda: decimal.Decimal(rng.randrange(10**6)) / 100), pa.decimal128(12, 2))
-    if kind == "fixed_binary":
-        return pa.array(values(lambda: rng.randbytes(3)), pa.binary(3))
-    if kind == "list":
-        return pa.array(values(lambda: [rng.randrange(9) for _ in range(rng.randrange(4))]), pa.list_(pa.int32()))
-    if kind == "struct":
-        make = lambda: {"a": rng.randrange(9), "b": "y" * rng.randrange(5)}  # noqa: E731
-        return pa.array(values(make), pa.struct([("a", pa.int32()), ("b", pa.string())]))
-    raise AssertionError(kind)
-
-
-KINDS = [
-    "int64",
-    "int8",
-    "float",
-    "bool",
-    "string",
-    "sparse_string",
-    "large_string",
-    "binary",
-    "timestamp",
-    "decimal",
-    "fixed_binary",
-    "list",
-    "struct",
-]
-
-
 def random_table(rng: random.Random, n: int, vnodes: int) -> pa.Table:
     """A random table, with nulls (none, some, most or all per column), skewed vnodes, sliced or chunked."""
     null_share = rng.choice([0.0, 0.05, 0.5, 0.95, 1.0])
-    kinds = ["string", *rng.sample(KINDS, rng.randint(1, 5))]
-    columns = {f"c{i}_{kind}": _column(rng, kind, n, rng.choice([0.0, null_share])) for i, kind in enumerate(kinds)}
+    kinds = ["string", *rng.sample(COLUMN_KINDS, rng.randint(1, 5))]
+    columns = {
+        f"c{i}_{kind}": random_column(rng, kind, n, rng.choice([0.0, null_share])) for i, kind in enumerate(kinds)
+    }
     hot = rng.random()  # share of rows on a few hot vnodes: long runs split over several groups
     columns[VNODE_COLUMN] = pa.array(
         [rng.randrange(min(vnodes, 3)) if rng.random() < hot else rng.randrange(vnodes) for _ in range(n)],
@@ -131,6 +82,9 @@ def test_pipelined_append_holds_the_rows_in_stable_vnode_order(tmp_path, monkeyp
     table = random_table(rng, n, vnodes)
     # Small groups and blocks so that every table is cut in many groups, and runs across groups.
     monkeypatch.setattr(append_module, "GROUP_BYTES", rng.choice([1, 500, 3_000]))
+    # Variable-width columns taken in one pass, or in two with windows of one row to many.
+    monkeypatch.setattr(reorder, "TWO_PASS_BYTES", rng.choice([0, 2_000, reorder.TWO_PASS_BYTES]))
+    monkeypatch.setattr(reorder, "WINDOW_BYTES", rng.choice([1, 700, reorder.WINDOW_BYTES]))
     target = AppendTarget(LogLocation(str(tmp_path)), vnodes, "sink", max_block_bytes=rng.choice([500, 8_000, 2**20]))
 
     desc = append_segment(target, 3, table, writer_id="t")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import decimal
 import math
 import os
 import random
@@ -286,3 +287,56 @@ def _drain(stream: IO[Any] | None, timeout: float = DRAIN_WAIT) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+def random_column(rng: random.Random, kind: str, n: int, null_share: float) -> pa.Array:
+    """``n`` random values of one kind of column (see COLUMN_KINDS), about ``null_share`` of them null."""
+
+    def values(make):
+        return [None if rng.random() < null_share else make() for _ in range(n)]
+
+    if kind == "int64":
+        return pa.array(values(lambda: rng.getrandbits(62)), pa.int64())
+    if kind == "int8":
+        return pa.array(values(lambda: rng.randrange(-100, 100)), pa.int8())
+    if kind == "float":
+        return pa.array(values(rng.random), pa.float64())
+    if kind == "bool":
+        return pa.array(values(lambda: rng.random() < 0.5), pa.bool_())
+    if kind == "string":  # empty, short and long strings, multi-byte characters
+        return pa.array(values(lambda: "é" * rng.randrange(rng.choice([1, 4, 60]))), pa.string())
+    if kind == "sparse_string":  # mostly empty: a group's next rows may hold little string data
+        return pa.array(values(lambda: "z" * 100 if rng.random() < 0.002 else ""), pa.string())
+    if kind == "large_string":
+        return pa.array(values(lambda: "x" * rng.randrange(12)), pa.large_string())
+    if kind == "binary":
+        return pa.array(values(lambda: rng.randbytes(rng.randrange(6))), pa.binary())
+    if kind == "timestamp":
+        return pa.array(values(lambda: rng.getrandbits(40)), pa.timestamp("us", tz="UTC"))
+    if kind == "decimal":
+        return pa.array(values(lambda: decimal.Decimal(rng.randrange(10**6)) / 100), pa.decimal128(12, 2))
+    if kind == "fixed_binary":
+        return pa.array(values(lambda: rng.randbytes(3)), pa.binary(3))
+    if kind == "list":
+        return pa.array(values(lambda: [rng.randrange(9) for _ in range(rng.randrange(4))]), pa.list_(pa.int32()))
+    if kind == "struct":
+        make = lambda: {"a": rng.randrange(9), "b": "y" * rng.randrange(5)}  # noqa: E731
+        return pa.array(values(make), pa.struct([("a", pa.int32()), ("b", pa.string())]))
+    raise AssertionError(kind)
+
+
+COLUMN_KINDS = [
+    "int64",
+    "int8",
+    "float",
+    "bool",
+    "string",
+    "sparse_string",
+    "large_string",
+    "binary",
+    "timestamp",
+    "decimal",
+    "fixed_binary",
+    "list",
+    "struct",
+]
