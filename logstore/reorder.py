@@ -64,7 +64,10 @@ class Reorder:
         window = max(1, int(WINDOW_BYTES // max(1.0, widest)))
         by_window = pc.sort_indices(pc.divide(order, window))  # stable: vnode order is kept inside a window
         first_order = order.take(by_window)
-        self._second = pc.inverse_permutation(by_window.cast(pa.int64()))  # where each row of `order` went
+        index = pa.int32() if len(order) < 2**31 else pa.int64()
+        # Where each row of `order` went in the first pass.
+        self._second = pc.inverse_permutation(by_window.cast(index), output_type=index)
+        del by_window
         self._first = {i: data.column(i).take(first_order) for i in two_pass}
 
     @property

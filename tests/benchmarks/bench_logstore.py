@@ -145,7 +145,8 @@ def append_breakdown(
     """Seconds per stage of ``append_segment``, each stage redone separately with the log store's internals.
 
     The work of ``logstore/append.py`` done one stage after the other on the whole table: order check and
-    stable sort by vnode (``sort_indices`` + ``take``), run detection and dropping the vnode column, then
+    stable sort by vnode (``sort_indices``, then ``logstore.reorder``: one ``take``, or two passes for large
+    variable-width columns), run detection and dropping the vnode column, then
     ``segment.encode`` (IPC serialization and CRC-32 per block, footer), then ``storage.write_durable`` of the
     encoded parts on the benchmark's disk. ``append_segment`` does the same work group by group (``take`` and
     encode of about ``GROUP_BYTES`` of rows at a time) while a writer thread writes the previous groups, so
@@ -153,6 +154,7 @@ def append_breakdown(
     """
     from logstore import segment, storage
     from logstore.append import _vnode_runs
+    from logstore.reorder import Reorder
 
     stages: dict[str, float] = {}
     start = time.perf_counter()
@@ -165,9 +167,9 @@ def append_breakdown(
     stages["sort_indices (vnode column)"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    if order is not None:
-        table, vnodes = table.take(order), vnodes.take(order)
     table = table.combine_chunks()
+    if order is not None:
+        table, vnodes = Reorder(table, order).take(0, table.num_rows), vnodes.take(order)
     stages["take (reorder all columns by vnode)"] = time.perf_counter() - start
 
     start = time.perf_counter()
