@@ -14,8 +14,9 @@ So a large variable-width column is taken twice:
    consecutive, so each vnode's rows come in a few runs instead of one read per row.
 
 The result is the same rows in the same order as ``table.take(order)``. The copy of the first pass holds these
-columns once more while the groups are written. Fixed-width columns and small columns (under
-:data:`TWO_PASS_BYTES`, which the CPU's caches hold) are taken in one pass, which is faster for them.
+columns once more while the groups are written. Fixed-width columns are taken in one pass, which is faster for
+them, and so are variable-width columns of fewer than :data:`TWO_PASS_BYTES` in all: the positions of the two
+passes cost the same for one column or many, and a small table's columns stay in the CPU's caches.
 Measured in ``docs/benchmarks.md`` ("The reorder in two passes").
 """
 
@@ -27,8 +28,8 @@ import pyarrow.compute as pc
 WINDOW_BYTES = 256 * 2**10
 """Bytes of the largest two-pass column in one window of the first pass."""
 
-TWO_PASS_BYTES = 4 * 2**20
-"""A variable-width column of fewer bytes than this is taken in one pass."""
+TWO_PASS_BYTES = 6 * 2**20
+"""Variable-width columns of fewer bytes than this in all are taken in one pass."""
 
 
 def fixed_width(type_: pa.DataType) -> bool:
@@ -53,12 +54,12 @@ class Reorder:
         self.order = order
         self._second: pa.Array | None = None
         self._first: dict[int, pa.ChunkedArray] = {}
-        two_pass = [
-            i
-            for i, field in enumerate(data.schema)
-            if not fixed_width(field.type) and data.column(i).nbytes >= TWO_PASS_BYTES
-        ]
-        if not two_pass or data.num_rows == 0 or not hasattr(pc, "inverse_permutation"):
+        two_pass = [i for i, field in enumerate(data.schema) if not fixed_width(field.type)]
+        if (
+            not two_pass
+            or sum(data.column(i).nbytes for i in two_pass) < TWO_PASS_BYTES
+            or not hasattr(pc, "inverse_permutation")  # pyarrow before 19
+        ):
             return
         widest = max(data.column(i).nbytes for i in two_pass) / data.num_rows
         window = max(1, int(WINDOW_BYTES // max(1.0, widest)))
