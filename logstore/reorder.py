@@ -57,6 +57,7 @@ class Reorder:
         two_pass = [i for i, field in enumerate(data.schema) if not fixed_width(field.type)]
         if (
             not two_pass
+            or data.num_rows == 0
             or sum(data.column(i).nbytes for i in two_pass) < TWO_PASS_BYTES
             or not hasattr(pc, "inverse_permutation")  # pyarrow before 19
         ):

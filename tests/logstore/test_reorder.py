@@ -80,3 +80,11 @@ def test_a_large_string_column_with_the_default_limits():
     got = pa.concat_tables(rows.take(s, e) for s, e in [(0, 1), (1, 99_999), (99_999, 250_000), (250_000, n)])
     assert got.equals(table.take(order))
     assert got["id"].to_pylist() == order.to_pylist()  # each row where the order puts it
+
+
+def test_no_rows(monkeypatch):
+    monkeypatch.setattr(reorder, "TWO_PASS_BYTES", 0)
+    table = pa.table({"s": pa.array([], pa.string()), "i": pa.array([], pa.int64())})
+    rows = Reorder(table, pa.array([], pa.uint64()))
+    assert rows.two_pass_columns == []
+    assert rows.take(0, 0).equals(table)
