@@ -615,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Rollover(max_epochs={MAX_EPOCHS}), no Spark; log store and output on S3, state directory local"
     )
     COUNTER.install()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a work directory that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="bench_home-", dir=args.dir or Path.cwd()))
     try:
         with s3_server(work) as settings:

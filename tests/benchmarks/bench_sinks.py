@@ -853,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     env = machine()
     print(f"sink benchmark: {args.rows:,} rows; load average {load_start[0]:.2f}", flush=True)
     base = (args.dir or Path.cwd()).resolve()
+    base.mkdir(parents=True, exist_ok=True)  # a work directory that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="bench_sinks-", dir=base))
     from filesink.demo.s3server import SeaweedServer
 

@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from filesink.localspark import local_spark
 
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a work directory that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="bench_crossing-", dir=args.dir or Path.cwd()))
     try:
         input_dir = work / "input"
