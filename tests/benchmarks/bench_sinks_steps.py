@@ -22,6 +22,7 @@ import collections
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -124,6 +125,50 @@ def one(
     }
 
 
+def run_one(kind: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One sink's run in a fresh process (see :func:`one`), its figures."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--rows",
+            str(args.rows),
+            "--workload",
+            args.workload,
+            *(["--target-mib", str(args.target_mib)] if args.target_mib is not None else []),
+            "--parallelism",
+            str(args.parallelism),
+            "--one",
+            kind,
+            str(work / "input"),
+            str(work / kind),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    figures: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over the runs of one sink (seconds, CPU busy, Spark's durations, our steps)."""
+
+    def median(values: list[float]) -> float:
+        return float(statistics.median(values))
+
+    durations = {key for run in runs for key in run["durations"]}
+    steps = list(dict.fromkeys(name for run in runs for name in run["steps"]))  # in the order they first ran
+    return {
+        "seconds": median([run["seconds"] for run in runs]),
+        "cpu_busy": median([run["cpu_busy"] for run in runs]),
+        "durations": {key: median([run["durations"].get(key, 0.0) for run in runs]) for key in sorted(durations)},
+        "steps": {
+            name: [median([run["steps"].get(name, [0.0, 0])[i] for run in runs]) for i in (0, 1)] for name in steps
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Our sink's steps next to Spark's Parquet sink.")
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -133,8 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--target-mib", type=float, default=None, help="our sink's target (default: bench_sinks.py's for the workload)"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of both sinks, alternating which runs first; the table shows medians (default 1)",
+    )
     parser.add_argument("--one", nargs=3, metavar=("KIND", "INPUT", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if args.one:
         kind, input_dir, work = args.one
         figures = one(kind, Path(input_dir), Path(work), args.rows, args.workload, args.target_mib, args.parallelism)
@@ -145,36 +198,32 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_steps-", dir=args.dir or Path.cwd()))
     try:
         data.WORKLOADS[args.workload].generate(work / "input", args.rows)
-        results = {}
-        for kind in ("spark", "ours"):
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--rows",
-                    str(args.rows),
-                    "--workload",
-                    args.workload,
-                    *(["--target-mib", str(args.target_mib)] if args.target_mib is not None else []),
-                    "--parallelism",
-                    str(args.parallelism),
-                    "--one",
-                    kind,
-                    str(work / "input"),
-                    str(work / kind),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
+        rounds: list[dict[str, Any]] = []
+        for number in range(args.repeat):
+            kinds = ("spark", "ours") if number % 2 == 0 else ("ours", "spark")
+            results = {}
+            for kind in kinds:
+                shutil.rmtree(work / kind, ignore_errors=True)  # a fresh query and sink in every round
+                results[kind] = run_one(kind, work, args)
+            rounds.append(results)
+            if args.repeat > 1:
+                a, b = results["spark"]["seconds"], results["ours"]["seconds"]
+                print(
+                    f"round {number + 1} ({kinds[0]} first): Spark's sink {a:.1f} s, ours {b:.1f} s, "
+                    f"ratio {a / b:.2f}; load average {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+        spark, ours = _medians([r["spark"] for r in rounds]), _medians([r["ours"] for r in rounds])
+        if args.repeat > 1:
+            ratios = sorted(r["spark"]["seconds"] / r["ours"]["seconds"] for r in rounds)
+            print(f"ratios {', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}")
+            print(f"medians of {args.repeat} rounds:")
         print(
             f"{args.rows:,} rows of {args.workload}, local[{args.parallelism}], available-now trigger, "
             f"2 input files per batch; load average {os.getloadavg()[0]:.2f} at the end"
         )
         print("| | Spark's sink | ours |")
         print("|---|---:|---:|")
-        spark, ours = results["spark"], results["ours"]
         print(f"| run (s) | {spark['seconds']:.1f} | {ours['seconds']:.1f} |")
         print(f"| rows/s | {args.rows / spark['seconds']:,.0f} | {args.rows / ours['seconds']:,.0f} |")
         print(f"| CPU busy (2 cores) | {spark['cpu_busy']:.0%} | {ours['cpu_busy']:.0%} |")
@@ -183,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| Spark `{key}` (s) | {a:.1f} | {b:.1f} |")
         print("\nour sink's steps (s, calls):")
         for name, (seconds, calls) in ours["steps"].items():
-            print(f"  {name:16} {seconds:7.2f}  {calls}")
+            print(f"  {name:16} {seconds:7.2f}  {calls:g}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
