@@ -67,8 +67,9 @@ class Reorder:
         by_window = pc.sort_indices(pc.divide(order, window))  # stable: vnode order is kept inside a window
         first_order = order.take(by_window)
         index = pa.int32() if len(order) < 2**31 else pa.int64()
-        # Where each row of `order` went in the first pass.
-        self._second = pc.inverse_permutation(by_window.cast(index), output_type=index)
+        # Where each row of `order` went in the first pass, of the type of its input (no options: pyarrow
+        # versions before InversePermutationOptions reached Python take none).
+        self._second = pc.inverse_permutation(by_window.cast(index))
         del by_window
         self._first = {i: data.column(i).take(first_order) for i in two_pass}
 
