@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"{name}: the query did not finish in {DEADLINE_SECONDS} s")
                 seconds, cpu1 = time.perf_counter() - start, cpu_split()
                 if round_:
-                    figures[name].append((seconds, *(b - a for a, b in zip(cpu0, cpu1, strict=True))))
+                    driver, jvm, workers = (b - a for a, b in zip(cpu0, cpu1, strict=True))
+                    figures[name].append((seconds, driver, jvm, workers))
                 shutil.rmtree(work / f"out-{tag}", ignore_errors=True)
         spark.stop()
         print(
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---:|---:|---:|---:|---:|")
         med = {name: [statistics.median(run[i] for run in figures[name]) for i in range(4)] for name in names}
         for name, (seconds, driver, jvm, workers) in med.items():
-            print(f"| {name} | {seconds:.2f} | {driver + jvm + workers:.2f} | {driver:.2f} | {jvm:.2f} | {workers:.2f} |")
+            total = driver + jvm + workers
+            print(f"| {name} | {seconds:.2f} | {total:.2f} | {driver:.2f} | {jvm:.2f} | {workers:.2f} |")
         spark_s = med["Spark's sink"][0]
         print(
             f"\nrows into Python alone take {med['foreachBatch, rows into Python'][0] / spark_s:.2f}x the time of "
