@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from sink_helpers import append_epoch, batch_rows
 
-from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.sizing import sample_ratio
+from filesink import ExactlyOnceParquetSink, Rollover, sizing
+from filesink.sizing import column_groups, encoded_size, sample_ratio
 from filesink.writer import write_file
 
 NO_RULES = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
@@ -74,3 +75,46 @@ def test_before_its_first_file_a_sink_plans_by_a_sample_and_then_by_what_it_wrot
     for size in sizes:
         assert 0.8 * target <= size <= target, sizes
     sink.close()
+
+
+def test_column_groups_hold_every_column_once_in_table_order_and_balance_bytes():
+    table = pa.table(
+        {
+            "small": pa.array([i % 100 for i in range(1000)], pa.int8()),
+            "big": pa.array(["x" * 100] * 1000),
+            "mid": pa.array(range(1000), pa.int64()),
+            "mid2": pa.array(range(1000), pa.int64()),
+        }
+    )
+    groups = column_groups(table, 2)
+    assert sorted(c for g in groups for c in g) == sorted(table.column_names)
+    assert groups == [["big"], ["small", "mid", "mid2"]]  # the 100 KB column alone, the rest with each other
+    assert column_groups(table, 8) == [["big"], ["mid"], ["mid2"], ["small"]]  # never more groups than columns
+    assert column_groups(table, 1) == [table.column_names]
+
+
+def test_a_large_sample_encoded_by_column_groups_has_the_size_of_one_encode(monkeypatch):
+    """The groups' objects add up to the whole object's size within the bound the module states (0.1 %), with
+    the dictionary columns the file would have, a nested column and the schema's metadata."""
+    rows = 300_000
+    table = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "text": pa.array([f"value-{i % 977}-{i * 7919 % 100_003}" for i in range(rows)]),
+            "code": pa.array([f"c{i % 13}" for i in range(rows)]),
+            "amount": pa.array([i * 0.37 % 1000 for i in range(rows)]),
+            "nested": pa.StructArray.from_arrays(
+                [pa.array(range(rows), pa.int32()), pa.array([f"n{i % 50_021}" for i in range(rows)])], ["a", "b"]
+            ),
+        },
+        metadata={b"spark": b"x" * 2000},
+    )
+    options = {"compression": "zstd", "use_dictionary": ["code", "nested.b"], "store_schema": True}
+    assert table.nbytes < sizing.PARALLEL_BYTES
+    whole = encoded_size(table, options, 100_000)  # under PARALLEL_BYTES: one encode
+    monkeypatch.setattr(sizing, "PARALLEL_BYTES", 0)
+    for threads in (2, 3, 5):
+        monkeypatch.setattr(sizing, "THREADS", threads)
+        assert len(column_groups(table, threads)) == threads
+        grouped = encoded_size(table, options, 100_000)
+        assert whole <= grouped <= whole * 1.001, (threads, whole, grouped)
