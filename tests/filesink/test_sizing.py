@@ -110,7 +110,7 @@ def test_a_large_sample_encoded_by_column_groups_has_the_size_of_one_encode(monk
         metadata={b"spark": b"x" * 2000},
     )
     options = {"compression": "zstd", "use_dictionary": ["code", "nested.b"], "store_schema": True}
-    assert table.nbytes < sizing.PARALLEL_BYTES
+    assert table.get_total_buffer_size() < sizing.PARALLEL_BYTES
     whole = encoded_size(table, options, 100_000)  # under PARALLEL_BYTES: one encode
     monkeypatch.setattr(sizing, "PARALLEL_BYTES", 0)
     for threads in (2, 3, 5):
