@@ -33,13 +33,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_sinks_crossing
 import bench_sinks_data as data
 import bench_sinks_monitor as monitor
-import pyarrow as pa
+from bench_sinks_crossing import appending, count_rows
 
 VNODES = 256
 FILES_PER_BATCH = 2
@@ -56,9 +57,13 @@ def cpu_split() -> tuple[float, float, float]:
 
 def variants(spark: Any, work: Path, workload: data.Workload) -> dict[str, Callable[[Any, Path], Any]]:
     """Each variant: given the stream and an output directory, the ``DataStreamWriter`` to start."""
+    from pyspark import cloudpickle
     from pyspark.sql import functions as F
 
-    from logstore import VNODE_COLUMN, LogStore, append_segment
+    from logstore import VNODE_COLUMN, LogStore
+
+    # Spark's Python workers do not have this directory on their path: ship the shared task functions by value
+    cloudpickle.register_pickle_by_value(bench_sinks_crossing)
 
     target = LogStore.open(work / "state", vnodes=VNODES).target
     epochs = iter(range(1, 10**9))  # every append gets a new epoch: the variants share one log store
@@ -66,21 +71,6 @@ def variants(spark: Any, work: Path, workload: data.Workload) -> dict[str, Calla
     def with_vnode(df: Any) -> Any:
         vnode = F.pmod(F.hash(*[F.col(c) for c in workload.key_columns]), F.lit(VNODES)).cast("int")
         return df.withColumn(VNODE_COLUMN, vnode)
-
-    def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = sum(b.num_rows for b in batches)
-        yield pa.record_batch([pa.array([rows], pa.int64())], names=["rows"])
-
-    def append_rows(epoch: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-        def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            from pyspark import TaskContext
-
-            ctx = TaskContext.get()
-            writer = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver"
-            descriptor = append_segment(target, epoch, batches, writer_id=writer)
-            yield pa.record_batch([pa.array([descriptor.rows if descriptor else 0], pa.int64())], names=["rows"])
-
-        return task
 
     def spark_sink(stream: Any, out: Path) -> Any:
         return stream.writeStream.format("parquet").option("path", str(out))
@@ -101,7 +91,7 @@ def variants(spark: Any, work: Path, workload: data.Workload) -> dict[str, Calla
         with_vnode(df).mapInArrow(count_rows, "rows long").collect()
 
     def our_append(df: Any, _out: Path) -> None:
-        with_vnode(df).mapInArrow(append_rows(next(epochs)), "rows long").collect()
+        with_vnode(df).mapInArrow(appending(target, next(epochs)), "rows long").collect()
 
     return {
         "Spark's sink": spark_sink,

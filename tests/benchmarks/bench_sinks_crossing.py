@@ -42,6 +42,29 @@ def tree_cpu_seconds() -> float:
     return time.process_time() + monitor.cpu_seconds(monitor.descendants(os.getpid()))
 
 
+def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A ``mapInArrow`` function that only counts the rows it gets: the cost of getting them into Python."""
+    rows = sum(b.num_rows for b in batches)
+    yield pa.record_batch([pa.array([rows], pa.int64())], names=["rows"])
+
+
+def appending(target: Any, epoch: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function that appends the task's rows to ``target``'s log store as ``epoch``, as the sink's
+    append task does (without its admission checks), and returns how many rows it appended."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from logstore import append_segment
+
+        ctx = TaskContext.get()
+        writer = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver"
+        descriptor = append_segment(target, epoch, batches, writer_id=writer)
+        yield pa.record_batch([pa.array([descriptor.rows if descriptor else 0], pa.int64())], names=["rows"])
+
+    return task
+
+
 def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> dict[str, Callable[[int], None]]:
     from pyspark.sql import functions as F
 
@@ -60,20 +83,8 @@ def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> di
         df = source().withColumn(VNODE_COLUMN, vnode)
         return df.sortWithinPartitions(VNODE_COLUMN) if sort else df
 
-    def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = sum(b.num_rows for b in batches)
-        yield pa.record_batch([pa.array([rows], pa.int64())], names=["rows"])
-
     def append_rows(epoch: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-        def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            from pyspark import TaskContext
-
-            ctx = TaskContext.get()
-            writer = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver"
-            descriptor = append_segment(target, epoch, batches, writer_id=writer)
-            yield pa.record_batch([pa.array([descriptor.rows if descriptor else 0], pa.int64())], names=["rows"])
-
-        return task
+        return appending(target, epoch)
 
     def read(_: int) -> None:
         source().write.format("noop").mode("overwrite").save()
