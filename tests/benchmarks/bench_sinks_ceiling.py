@@ -31,7 +31,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from filesink.localspark import local_spark
 
-    if args.dir is not None:
-        args.dir.mkdir(parents=True, exist_ok=True)  # a work directory that does not exist yet is made
-    work = Path(tempfile.mkdtemp(prefix="bench_ceiling-", dir=args.dir or Path.cwd()))
+    work = data.work_directory(args.dir, "bench_ceiling-")
     try:
         input_dir = work / "input"
         workload = data.WORKLOADS[args.workload]

@@ -23,7 +23,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -159,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from filesink.localspark import local_spark
 
-    if args.dir is not None:
-        args.dir.mkdir(parents=True, exist_ok=True)  # a work directory that does not exist yet is made
-    work = Path(tempfile.mkdtemp(prefix="bench_crossing-", dir=args.dir or Path.cwd()))
+    work = data.work_directory(args.dir, "bench_crossing-")
     try:
         input_dir = work / "input"
         workload = data.WORKLOADS[args.workload]

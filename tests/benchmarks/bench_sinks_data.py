@@ -16,6 +16,7 @@ See ``docs/benchmarks.md``.
 
 from __future__ import annotations
 
+import tempfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,3 +179,10 @@ def generate(directory: Path, rows: int, workload: Workload = DEFAULT) -> list[P
 
 def read_tables(paths: list[Path]) -> list[pa.Table]:
     return [pq.read_table(p) for p in paths]
+
+
+def work_directory(parent: Path | None, prefix: str) -> Path:
+    """A new temp directory for a benchmark's files, in ``parent`` (made if it does not exist yet) or the cwd."""
+    base = (parent or Path.cwd()).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))

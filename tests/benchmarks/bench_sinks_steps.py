@@ -25,7 +25,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -193,9 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = one(kind, Path(input_dir), Path(work), args.rows, args.workload, args.target_mib, args.parallelism)
         print(json.dumps(figures), flush=True)
         return 0
-    if args.dir is not None:
-        args.dir.mkdir(parents=True, exist_ok=True)  # a work directory that does not exist yet is made
-    work = Path(tempfile.mkdtemp(prefix="bench_steps-", dir=args.dir or Path.cwd()))
+    work = data.work_directory(args.dir, "bench_steps-")
     try:
         data.WORKLOADS[args.workload].generate(work / "input", args.rows)
         rounds: list[dict[str, Any]] = []
