@@ -16,7 +16,9 @@ the side-by-side setup (available-now trigger, 2 input files per batch), each va
    rows: what every Python sink fed by Spark pays to get the rows (Spark turns them into Arrow in the JVM and
    streams them to its Python workers);
 5. ``foreachBatch, our append``: the same with ``append_segment`` (rows sorted by vnode, segment written and
-   synced): our sink's append with nothing after it (no files written, no state database).
+   synced): our sink's append with nothing after it (no files written, no state database);
+6. ``our sink``: our whole sink as ``bench_sinks.py`` runs it side by side (its target and age rule), what it still
+   holds at the end written before the clock stops.
 
 Round 0 warms up the JVM and the Python workers; then ``--repeat`` rounds, each running the variants in turn
 (the order rotates by one every round). It prints each variant's median wall time and CPU seconds, split into
@@ -54,11 +56,21 @@ def cpu_split() -> tuple[float, float, float]:
     return time.process_time(), monitor.cpu_seconds(jvm), monitor.cpu_seconds(workers)
 
 
-def variants(spark: Any, work: Path, workload: data.Workload) -> dict[str, Callable[[Any, Path], Any]]:
-    """Each variant: given the stream and an output directory, the ``DataStreamWriter`` to start."""
+Variant = Callable[[Any, Path], tuple[Any, Callable[[], None]]]
+"""Given the stream and a new directory: the ``DataStreamWriter`` to start, and what to do once its query ends."""
+
+
+def _done() -> None:
+    pass
+
+
+def variants(work: Path, workload: data.Workload, rows: int) -> dict[str, Variant]:
+    """The queries to compare, by name (see the module's docstring)."""
+    import bench_sinks
     from pyspark import cloudpickle
     from pyspark.sql import functions as F
 
+    from filesink import ExactlyOnceParquetSink, Rollover
     from logstore import VNODE_COLUMN, LogStore
 
     # Spark's Python workers do not have this directory on their path: ship the shared task functions by value
@@ -71,14 +83,30 @@ def variants(spark: Any, work: Path, workload: data.Workload) -> dict[str, Calla
         vnode = F.pmod(F.hash(*[F.col(c) for c in workload.key_columns]), F.lit(VNODES)).cast("int")
         return df.withColumn(VNODE_COLUMN, vnode)
 
-    def spark_sink(stream: Any, out: Path) -> Any:
-        return stream.writeStream.format("parquet").option("path", str(out))
+    def spark_sink(stream: Any, out: Path) -> tuple[Any, Callable[[], None]]:
+        return stream.writeStream.format("parquet").option("path", str(out)), _done
 
-    def batches(body: Callable[[Any, Path], None]) -> Callable[[Any, Path], Any]:
-        def start(stream: Any, out: Path) -> Any:
-            return stream.writeStream.foreachBatch(lambda df, _batch_id: body(df, out))
+    def batches(body: Callable[[Any, Path], None]) -> Variant:
+        def start(stream: Any, out: Path) -> tuple[Any, Callable[[], None]]:
+            return stream.writeStream.foreachBatch(lambda df, _batch_id: body(df, out)), _done
 
         return start
+
+    def our_sink(stream: Any, out: Path) -> tuple[Any, Callable[[], None]]:
+        """Our whole sink, as ``bench_sinks.py`` runs it side by side: what it holds at the end is written too."""
+        sink = ExactlyOnceParquetSink(
+            str(out / "files"),
+            out / "state",
+            key_columns=list(workload.key_columns),
+            parallelism=2,
+            rollover=Rollover(**bench_sinks.side_by_side_rollover(rows, workload.name)),
+        )
+
+        def finish() -> None:
+            sink.flush()
+            sink.close()
+
+        return stream.writeStream.foreachBatch(sink), finish
 
     def nothing(_df: Any, _out: Path) -> None:
         pass
@@ -98,6 +126,7 @@ def variants(spark: Any, work: Path, workload: data.Workload) -> dict[str, Calla
         "foreachBatch, Spark writes": batches(spark_writes),
         "foreachBatch, rows into Python": batches(into_python),
         "foreachBatch, our append": batches(our_append),
+        "our sink": our_sink,
     }
 
 
@@ -117,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         workload.generate(input_dir, args.rows)
         spark = local_spark("bench-ceiling", cores=2, conf={"spark.driver.memory": "4g"})
         schema = data.spark_schema(input_dir)
-        runs = variants(spark, work, workload)
+        runs = variants(work, workload, args.rows)
         names = list(runs)
         figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
         load_start = os.getloadavg()[0]
@@ -126,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
             for name in order:
                 tag = f"{names.index(name)}-{round_}"
                 stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", FILES_PER_BATCH)
-                writer = runs[name](stream.parquet(str(input_dir)), work / f"out-{tag}")
+                writer, finish = runs[name](stream.parquet(str(input_dir)), work / f"out-{tag}")
                 cpu0, start = cpu_split(), time.perf_counter()
                 query = writer.option("checkpointLocation", str(work / f"checkpoint-{tag}"))
                 query = query.trigger(availableNow=True).start()
                 if not query.awaitTermination(DEADLINE_SECONDS):
                     query.stop()
                     raise SystemExit(f"{name}: the query did not finish in {DEADLINE_SECONDS} s")
+                if query.exception() is not None:
+                    raise SystemExit(f"{name}: the query failed: {query.exception()}")
+                finish()
                 seconds, cpu1 = time.perf_counter() - start, cpu_split()
                 if round_:
                     driver, jvm, workers = (b - a for a, b in zip(cpu0, cpu1, strict=True))
@@ -153,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         spark_s = med["Spark's sink"][0]
         print(
             f"\nrows into Python alone take {med['foreachBatch, rows into Python'][0] / spark_s:.2f}x the time of "
-            f"Spark's whole sink, our append {med['foreachBatch, our append'][0] / spark_s:.2f}x; a sink that then "
-            "writes files pays those on top"
+            f"Spark's whole sink, our append {med['foreachBatch, our append'][0] / spark_s:.2f}x, our whole sink "
+            f"{med['our sink'][0] / spark_s:.2f}x (throughput {spark_s / med['our sink'][0]:.2f}x Spark's sink's)"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
