@@ -455,6 +455,13 @@ class ExactlyOnceParquetSink:
     def _check_columns(self, schema: Any) -> None:
         """What the options say about a schema: the columns they name exist and can be used as named."""
         names = [f.name for f in schema.fields]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise SchemaMismatchError(
+                f"the batch has more than one column named {', '.join(map(repr, twice))} (its columns: {names}); a "
+                "Parquet file's columns need distinct names. Nothing of this batch was written. Rename or drop the "
+                "repeated columns in the query (for example with alias after a join)."
+            )
         for option, columns in (("key_columns", self.key_columns or []), ("partition_by", self.partition_by)):
             missing = [c for c in columns if c not in names]
             if missing:

@@ -18,6 +18,7 @@ from filesink import (
     SinkOptionError,
 )
 from logstore.failpoints import ENV_VAR, FailpointError
+from logstore.store import NOTHING
 
 NO_AGE = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
 
@@ -133,6 +134,20 @@ def test_schema_change_fails_before_anything_is_written(spark, tmp_path):
     ):
         sink(changed, 1)
     assert sink.log_store.last_sealed_epoch == 0
+    sink.close()
+
+
+def test_repeated_column_names_are_refused_before_anything_is_written(spark, tmp_path):
+    """Spark lets a query select a column twice; the sink says which names repeat, before the append."""
+    sink = ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", vnodes=8, rollover=NO_AGE)
+    twice = batch_df(spark, batch_rows(0, 5)).selectExpr("id", "user_id", "id", "event_date", "amount", "user_id")
+    with pytest.raises(SchemaMismatchError, match=r"more than one column named 'id', 'user_id'.*Nothing of this batch"):
+        sink(twice, 0)
+    assert sink.log_store.last_sealed_epoch == NOTHING
+    assert sink.log_store.held_totals().rows == 0
+    expected = _run(sink, spark, 1)  # the query fixed: the same sink takes the batch
+    sink.flush()
+    assert read_pyarrow(str(tmp_path / "out")) == expected
     sink.close()
 
 
