@@ -31,7 +31,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -852,9 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     env = machine()
     print(f"sink benchmark: {args.rows:,} rows; load average {load_start[0]:.2f}", flush=True)
-    base = (args.dir or Path.cwd()).resolve()
-    base.mkdir(parents=True, exist_ok=True)  # a work directory that does not exist yet is made
-    work = Path(tempfile.mkdtemp(prefix="bench_sinks-", dir=base))
+    work = data.work_directory(args.dir, "bench_sinks-")
     from filesink.demo.s3server import SeaweedServer
 
     server = SeaweedServer(work / "seaweedfs")

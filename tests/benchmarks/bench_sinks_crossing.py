@@ -82,9 +82,6 @@ def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> di
         df = source().withColumn(VNODE_COLUMN, vnode)
         return df.sortWithinPartitions(VNODE_COLUMN) if sort else df
 
-    def append_rows(epoch: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-        return appending(target, epoch)
-
     def read(_: int) -> None:
         source().write.format("noop").mode("overwrite").save()
 
@@ -95,10 +92,10 @@ def jobs(spark: Any, input_dir: Path, work: Path, workload: data.Workload) -> di
         frame(sort=True).mapInArrow(count_rows, "rows long").collect()
 
     def append(i: int) -> None:
-        frame().mapInArrow(append_rows(i), "rows long").collect()
+        frame().mapInArrow(appending(target, i), "rows long").collect()
 
     def append_sorted(i: int) -> None:
-        frame(sort=True).mapInArrow(append_rows(i), "rows long").collect()
+        frame(sort=True).mapInArrow(appending(target, i), "rows long").collect()
 
     def to_driver(_: int) -> None:
         """The rows to this process as Arrow (``toArrow``: converted in the JVM, no Python worker)."""
