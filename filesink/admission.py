@@ -13,7 +13,11 @@ Checks, in order:
 
 1. **Schema** (:mod:`filesink.schema`): the rows are conformed to the files' Arrow schema recorded with the first
    batch (a timestamp's time zone label, nested nullability), or refused naming the column and both types.
-2. **Partition paths** (:func:`filesink.partitioning.check_paths`): every row's partition directories, and the
+2. **Parquet** (:func:`filesink.writer.parquet_problem`): a Parquet file can hold the columns the files get (every
+   column but the partition columns), checked once per task by opening a writer on memory with the files' options,
+   or the batch is refused naming the column and its type. The driver refuses the types it knows of earlier, from
+   the Spark schema (:func:`filesink.schema.unwritable_columns`); this check covers what the Arrow types hold.
+3. **Partition paths** (:func:`filesink.partitioning.check_paths`): every row's partition directories, and the
    whole key of its object, fit the output's limits (:mod:`filesink.output.limits`: 255 bytes a directory name,
    1,024 bytes an S3 key, ``PATH_MAX`` a local path), or the batch is refused naming the column, the value's start
    and the limit.
@@ -30,7 +34,8 @@ from logstore import VNODE_COLUMN
 
 from .output.limits import KeyLimits
 from .partitioning import PartitionTypeError, check_paths
-from .schema import SchemaConformError, conform
+from .schema import SchemaConformError, conform, file_schema
+from .writer import parquet_problem
 
 REFUSED_COLUMN = "refused"
 """The column in which an append task reports a refusal (the rest of its row is null)."""
@@ -50,8 +55,10 @@ class Admission:
     def admit(self, batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
         """The task's rows as they enter the log store, or :class:`Refusal` saying what is wrong and what to do."""
         schema = pa.ipc.read_schema(pa.py_buffer(self.file_schema)) if self.file_schema is not None else None
-        admitted = []
+        admitted: list[pa.RecordBatch] = []
         for batch in batches:
+            if not admitted:
+                self._check_parquet(batch.schema)  # a task's batches share one schema (one Arrow stream)
             if schema is not None:
                 where = f"rows of batch {self.epoch}"
                 try:
@@ -71,6 +78,15 @@ class Admission:
                     raise Refusal(f"rows of batch {self.epoch}: {problem}")
             admitted.append(batch)
         return admitted
+
+    def _check_parquet(self, schema: pa.Schema) -> None:
+        columns = [f for f in schema if f.name != VNODE_COLUMN and f.name not in self.partition_by]
+        problem = parquet_problem(file_schema(pa.schema(columns)))
+        if problem is not None:
+            raise Refusal(
+                f"rows of batch {self.epoch}: {problem}. Change that column in the query: cast it to a type a "
+                "Parquet file holds, or drop it"
+            )
 
 
 class Refusal(Exception):

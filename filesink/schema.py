@@ -46,22 +46,88 @@ def schema_problems(recorded: str, current: str) -> list[str]:
     return problems or [f"the column order changed from {list(before)} to {list(now)}"]
 
 
-def has_map(data_type: Any) -> bool:
-    """Whether a Spark data type is or contains a map, which Spark's ``hash`` refuses (``HASH_MAP_TYPE``)."""
+def _unhashable(data_type: Any) -> str | None:
+    """What in a Spark data type Spark's ``hash`` refuses: a map (``HASH_MAP_TYPE``) or a variant
+    (``HASH_VARIANT_TYPE``), or None."""
     from pyspark.sql import types as T
 
     if isinstance(data_type, T.MapType):
-        return True
+        return "a map"
+    if isinstance(data_type, T.VariantType):
+        return "a variant"
     if isinstance(data_type, T.ArrayType):
-        return has_map(data_type.elementType)
+        return _unhashable(data_type.elementType)
     if isinstance(data_type, T.StructType):
-        return any(has_map(f.dataType) for f in data_type.fields)
-    return False
+        return next((u for u in (_unhashable(f.dataType) for f in data_type.fields) if u), None)
+    return None
 
 
 def hashable_columns(schema: Any) -> list[str]:
-    """The columns of a Spark schema that Spark can hash: every column without a map in its type."""
-    return [f.name for f in schema.fields if not has_map(f.dataType)]
+    """The columns of a Spark schema that Spark can hash: every column without a map or a variant in its type."""
+    return [f.name for f in schema.fields if _unhashable(f.dataType) is None]
+
+
+def unhashable_reason(data_type: Any) -> str | None:
+    """Why Spark cannot hash values of ``data_type`` (for an error message), or None when it can."""
+    found = _unhashable(data_type)
+    if found is None:
+        return None
+    error = "HASH_MAP_TYPE" if found == "a map" else "HASH_VARIANT_TYPE"
+    return f"Spark cannot hash {found} ({error})"
+
+
+def unwritable_columns(schema: Any) -> list[str]:
+    """What in a Spark schema the sink cannot carry into a Parquet file, one line each naming the column (a dotted
+    path inside structs, ``.element`` of an array, ``.key`` and ``.value`` of a map), its type and what to do.
+
+    These are refused before a batch is appended: some fail in Spark's conversion of rows to Arrow with a message
+    that names no column, others would reach the log store and fail only when a file is written, after the epoch
+    is sealed, holding the vnodes' rows back for good."""
+    problems: list[str] = []
+    for field in schema.fields:
+        _unwritable(field.name, field.dataType, problems)
+    return problems
+
+
+def _unwritable(path: str, data_type: Any, problems: list[str]) -> None:
+    from pyspark.sql import types as T
+
+    shown = f"{path!r} ({data_type.simpleString()})"
+    if isinstance(data_type, T.CalendarIntervalType):
+        problems.append(
+            f"{shown}: an interval of months, days and microseconds, which a Parquet file cannot hold (Spark's own "
+            "Parquet sink refuses it too); cast it to a string, or keep its parts as numbers (extract(MONTH FROM "
+            "...), extract(DAY FROM ...)), or use a day-time interval (make_dt_interval)"
+        )
+    elif isinstance(data_type, T.YearMonthIntervalType):
+        problems.append(
+            f"{shown}: a year-month interval, which Spark cannot hand to Python as Arrow; cast it to a string, or "
+            "keep it as a number of months (extract(YEAR FROM ...) * 12 + extract(MONTH FROM ...))"
+        )
+    elif isinstance(data_type, T.StructType):
+        if not data_type.fields:
+            problems.append(f"{shown}: a struct without fields, which a Parquet file cannot hold; drop it")
+            return
+        names = [f.name for f in data_type.fields]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            problems.append(
+                f"{shown}: a struct with more than one field named {', '.join(map(repr, twice))}, which Arrow and "
+                "Parquet refuse; give its fields distinct names (named_struct, or alias before struct)"
+            )
+        for f in data_type.fields:
+            _unwritable(f"{path}.{f.name}", f.dataType, problems)
+    elif isinstance(data_type, T.ArrayType):
+        _unwritable(f"{path}.element", data_type.elementType, problems)
+    elif isinstance(data_type, T.MapType):
+        _unwritable(f"{path}.key", data_type.keyType, problems)
+        _unwritable(f"{path}.value", data_type.valueType, problems)
+
+
+def quoted(name: str) -> str:
+    """A column name as Spark resolves it literally: in backticks, a backtick in it doubled (a dot in a name
+    unquoted would be read as a struct field)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 # -- Arrow side ----------------------------------------------------------------------------------------------

@@ -71,7 +71,14 @@ from .partitioning import SPARK_TYPES, unsupported_columns
 from .planner import file_task, plan
 from .preflight import make_local_dir
 from .rollover import Rollover
-from .schema import hashable_columns, schema_problems, spark_schema_json
+from .schema import (
+    hashable_columns,
+    quoted,
+    schema_problems,
+    spark_schema_json,
+    unhashable_reason,
+    unwritable_columns,
+)
 from .sizing import Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
@@ -478,14 +485,19 @@ class ExactlyOnceParquetSink:
             raise SchemaMismatchError(f"the batch has a column named {VNODE_COLUMN!r}, which the sink reserves")
         if self.partition_by and len(self.partition_by) == len(names):
             raise SinkOptionError("partition_by names every column; the files would have no columns left")
-        hashable = hashable_columns(schema)
-        unhashable = [c for c in self.key_columns or [] if c not in hashable]
-        if unhashable:
-            types = ", ".join(f"{c} ({schema[c].dataType.simpleString()})" for c in unhashable)
+        unhashable = [(c, unhashable_reason(schema[c].dataType)) for c in self.key_columns or []]
+        named = "; ".join(f"{c} ({schema[c].dataType.simpleString()}): {why}" for c, why in unhashable if why)
+        if named:
             raise SinkOptionError(
-                f"key_columns names {types}: Spark cannot hash a map (HASH_MAP_TYPE), so rows cannot be spread over "
-                f"vnodes by it. Nothing was written. Give key_columns without map columns (of {hashable}), or leave "
-                "key_columns unset: the sink then hashes every column without a map."
+                f"key_columns names {named}, so rows cannot be spread over vnodes by it. Nothing was written. Give "
+                f"key_columns without map or variant columns (of {hashable_columns(schema)}), or leave key_columns "
+                "unset: the sink then hashes every column without a map or a variant."
+            )
+        unwritable = unwritable_columns(schema)
+        if unwritable:
+            raise SchemaMismatchError(
+                f"the batch has columns the sink cannot write to Parquet files: {'; '.join(unwritable)}. Nothing of "
+                "this batch was written. Change those columns in the query."
             )
 
     def _check_schema(self, schema: Any) -> None:
@@ -514,13 +526,18 @@ class ExactlyOnceParquetSink:
         limits = key_limits(self._output) if self.partition_by else None
         admission = Admission(epoch, self._ledger.arrow_schema(), tuple(self.partition_by), limits)
 
+        # The columns cross under positional names and get theirs back in the task: PySpark's mapInArrow looks
+        # every column up by its name unquoted, so a column named "a.b" would be taken for field b of a column a.
+        names = [*df.columns, VNODE_COLUMN]
+        crossing = [f"_{i}" for i in range(len(names) - 1)] + [VNODE_COLUMN]
+
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
 
             ctx = TaskContext.get()
             writer = term_prefix + (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver")
             try:
-                rows = admission.admit(batches)
+                rows = admission.admit(b.rename_columns(names) for b in batches)
             except Refusal as e:
                 yield pa.record_batch([pa.nulls(1, pa.binary()), pa.array([str(e)])], names=_APPEND_COLUMNS)
                 return
@@ -531,7 +548,7 @@ class ExactlyOnceParquetSink:
                     names=_APPEND_COLUMNS,
                 )
 
-        rows = df.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, _APPEND_SCHEMA).collect()
+        rows = df.withColumn(VNODE_COLUMN, vnode).toDF(*crossing).mapInArrow(append_task, _APPEND_SCHEMA).collect()
         descriptors = [pickle.loads(r.descriptor) for r in rows if r.descriptor is not None]
         refused = [r[REFUSED_COLUMN] for r in rows if r[REFUSED_COLUMN] is not None]
         if refused:
@@ -541,15 +558,16 @@ class ExactlyOnceParquetSink:
 
     def _key_columns(self, schema: Any) -> list[Any]:
         """The columns the vnode hash is taken over: ``key_columns``, by default every column Spark can hash
-        (every column without a map in its type; with none such, the JSON text of the whole row)."""
+        (every column without a map or a variant in its type; with none such, the JSON text of the whole row).
+        Names are quoted: a column named ``a.b`` is that column, not field ``b`` of ``a``."""
         from pyspark.sql import functions as F
 
         if self.key_columns:
-            return [F.col(c) for c in self.key_columns]
+            return [F.col(quoted(c)) for c in self.key_columns]
         keys = hashable_columns(schema)
         if keys:
-            return [F.col(c) for c in keys]
-        return [F.to_json(F.struct(*[F.col(f.name) for f in schema.fields]))]
+            return [F.col(quoted(c)) for c in keys]
+        return [F.to_json(F.struct(*[F.col(quoted(f.name)) for f in schema.fields]))]
 
     def _file_task(self, f: PlannedFile, term: int) -> FileTask:
         return file_task(

@@ -186,6 +186,27 @@ def parquet_options(task: FileTask, first: pa.Table) -> dict[str, Any]:
     }
 
 
+def parquet_problem(schema: pa.Schema) -> str | None:
+    """Why this module's Parquet files could not hold columns of ``schema``, naming the first such column, its
+    type and pyarrow's reason; None when they can. It opens a writer on memory with the files' options, as the
+    first step of writing a file does, so the append can refuse such rows before their epoch is sealed."""
+    try:
+        _open_on_memory(schema)
+        return None
+    except Exception as e:  # pyarrow raises ArrowNotImplementedError, ArrowInvalid, ArrowTypeError
+        whole = e
+    for field in schema:
+        try:
+            _open_on_memory(pa.schema([field]))
+        except Exception as e:
+            return f"column {field.name!r} of type {field.type}: a Parquet file cannot hold it ({e})"
+    return f"a Parquet file cannot hold these columns together ({whole})"
+
+
+def _open_on_memory(schema: pa.Schema) -> None:
+    pq.ParquetWriter(pa.BufferOutputStream(), schema, version=PARQUET_FORMAT_VERSION, store_schema=True).close()
+
+
 def file_schemas(task: FileTask) -> tuple[pa.Schema, list[str], pa.Schema]:
     """The task's rows' schema (checked against the task), its data columns, and the schema of its objects."""
     schema = pa.ipc.read_schema(pa.py_buffer(task.schema_bytes))

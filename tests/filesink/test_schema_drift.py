@@ -1,8 +1,12 @@
-"""Types that Spark's type strings do not tell apart, and key columns Spark cannot hash: nothing wedges a sink.
+"""Types that Spark's type strings do not tell apart, types a Parquet file cannot hold, key columns Spark cannot
+hash and column names Spark would take apart: nothing wedges a sink.
 
 Before the admission checks, a session time zone that changed between runs, or an ``array<int>`` whose element
 nullability changed, sealed the epoch and then failed every file at every roll; a map column in the default keys
-failed batch 0 with a raw AnalysisException, and the state directory could not be reopened with other keys.
+failed batch 0 with a raw AnalysisException, and the state directory could not be reopened with other keys. So did,
+until they were refused before the append, an ``interval`` column or a struct without fields (sealed, then every
+file failed), and a year-month interval, a struct with two fields of one name, a variant among the default keys or
+a column named ``a.b`` (each failed every run of the batch in Spark with a message that named no fix).
 """
 
 from __future__ import annotations
@@ -169,3 +173,118 @@ def test_admission_conforms_or_refuses():
     assert not conformable(pa.timestamp("ms", tz="UTC"), pa.timestamp("us", tz="UTC"))
     assert not conformable(pa.list_(pa.int64()), pa.list_(pa.int32()))
     assert conformable(pa.struct([pa.field("a", pa.int32(), False)]), pa.struct([("a", pa.int32())]))
+
+
+UNWRITABLE = [
+    (
+        "select id, make_interval(1, 2, 3, 4, 5, 6, 7) as iv from range(4)",
+        r"'iv' \(interval\): an interval of months, days and microseconds, which a Parquet file cannot hold",
+    ),
+    ("select id, named_struct('x', make_interval(0, 1, 0, 0, 0, 0, 0)) as s from range(4)", r"'s\.x' \(interval\)"),
+    (
+        "select id, interval '1-2' year to month as iv from range(4)",
+        r"'iv' \(interval year to month\): a year-month interval, which Spark cannot hand to Python as Arrow",
+    ),
+    ("select id, struct() as s from range(4)", r"'s' \(struct<>\): a struct without fields"),
+    ("select id, map(id, struct()) as m from range(4)", r"'m\.value' \(struct<>\): a struct without fields"),
+    (
+        "select id, array(named_struct('a', 1, 'a', 2)) as xs from range(4)",
+        r"'xs\.element' \(struct<a:int,a:int>\): a struct with more than one field named 'a'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("query", "match"), UNWRITABLE)
+def test_types_a_parquet_file_cannot_hold_are_refused_before_the_append(spark, tmp_path, query, match):
+    df = spark.sql(query)
+    column = df.columns[1]
+    with _sink(tmp_path) as sink:
+        with pytest.raises(SchemaMismatchError, match=match):
+            sink.check_schema(df.schema)
+        with pytest.raises(SchemaMismatchError, match=match + ".*Nothing of this batch was written"):
+            sink(df, 0)
+        assert sink.log_store.last_sealed_epoch == NOTHING
+        assert sink.log_store.held_totals().rows == 0
+        fixed = df.select("id", F.col(column).cast("string").alias(column))  # what the message says to do
+        sink(fixed, 0)
+        sink.flush()
+    table = _read(tmp_path / "out")
+    assert table.schema.field(column).type == pa.string()
+    expected = Counter((r.id, r[column]) for r in fixed.collect())
+    assert Counter(zip(table["id"].to_pylist(), table[column].to_pylist(), strict=True)) == expected
+
+
+def test_admission_refuses_what_a_parquet_file_cannot_hold():
+    """The admission's own check, on Arrow types: whatever Spark hands over that a file writer would refuse."""
+    admission = Admission(7, partition_by=("day",))
+    ids, day, vnode = pa.array([1, 2]), pa.array(["d", "e"]), pa.array([0, 1], pa.int32())
+    interval = pa.array([pa.MonthDayNano([1, 2, 3]), None], pa.month_day_nano_interval())
+    batch = pa.record_batch([ids, interval, day, vnode], names=["id", "iv", "day", VNODE_COLUMN])
+    with pytest.raises(
+        Refusal, match=r"rows of batch 7: column 'iv' of type month_day_nano_interval: a Parquet file cannot hold it"
+    ):
+        admission.admit([batch])
+    empty = pa.array([{}, {}], pa.struct([]))
+    batch = pa.record_batch([ids, day, empty, vnode], names=["id", "day", "s", VNODE_COLUMN])
+    with pytest.raises(Refusal, match=r"column 's' of type struct<>: a Parquet file cannot hold it"):
+        admission.admit([batch])
+    [admitted] = admission.admit([pa.record_batch([ids, day, vnode], names=["id", "day", VNODE_COLUMN])])
+    assert admitted.num_rows == 2
+
+
+def test_empty_array_literal_is_written(spark, tmp_path):
+    """Spark types ``array()`` as an array of a not-null null type, which Arrow and Parquet hold only nullable:
+    the files' schema widens it, and the admission's check (made on the files' schema) lets it through."""
+    df = spark.sql("select id, array() as xs from range(5)")
+    with _sink(tmp_path) as sink:
+        sink(df, 0)
+        sink.flush()
+    table = _read(tmp_path / "out")
+    assert Counter(zip(table["id"].to_pylist(), map(tuple, table["xs"].to_pylist()), strict=True)) == Counter(
+        (i, ()) for i in range(5)
+    )
+
+
+def test_column_names_spark_would_take_apart(spark, tmp_path):
+    """A dot, a space or a backtick in a column name: the sink quotes names where Spark would parse them."""
+    df = spark.sql(
+        "select id as `a.b`, cast(id % 3 as string) as `c d`, id * 2 as `e``f`, named_struct('x.y', id) as `g.h` "
+        "from range(40)"
+    ).repartition(3)
+    expected = Counter((r[0], r[1], r[2], r[3]["x.y"]) for r in df.collect())
+    for name, keys, partition_by in (("default", None, None), ("keyed", ["a.b", "e`f"], ["c d"])):
+        out = tmp_path / name
+        with ExactlyOnceParquetSink(
+            str(out / "out"),
+            out / "state",
+            vnodes=8,
+            parallelism=2,
+            rollover=HOLD,
+            key_columns=keys,
+            partition_by=partition_by,
+        ) as sink:
+            sink(df, 0)
+            assert sink.log_store.held_totals().rows == 40
+            sink.flush()
+        hive = ds.partitioning(pa.schema([("c d", pa.string())]), flavor="hive") if partition_by else None
+        table = ds.dataset(str(out / "out"), format="parquet", partitioning=hive).to_table()
+        got = zip(*(table[c].to_pylist() for c in ("a.b", "c d", "e`f")), table["g.h"].to_pylist(), strict=True)
+        assert Counter((a, c, e, g["x.y"]) for a, c, e, g in got) == expected, name
+
+
+def test_variant_column_with_default_keys_and_refused_as_a_key(spark, tmp_path):
+    df = spark.sql("select id, parse_json(concat('{\"n\": ', id, '}')) as v from range(12)")
+    with _sink(tmp_path, key_columns=["v"]) as sink:
+        with pytest.raises(SinkOptionError, match=r"key_columns names v \(variant\): Spark cannot hash a variant"):
+            sink(df, 0)
+        assert sink.log_store.last_sealed_epoch == NOTHING
+    with _sink(tmp_path) as sink:  # the default keys leave the variant out
+        sink(df, 0)
+        sink.flush()
+    table = _read(tmp_path / "out")  # a variant is written as Spark holds it: its value and metadata bytes
+    got = Counter(
+        (i, v["value"], v["metadata"]) for i, v in zip(table["id"].to_pylist(), table["v"].to_pylist(), strict=True)
+    )
+    expected = Counter((r.id, bytes(r.v.value), bytes(r.v.metadata)) for r in df.collect())
+    assert got == expected
+    assert {r.v.toJson() for r in df.collect()} == {f'{{"n":{i}}}' for i in range(12)}
