@@ -5,7 +5,8 @@ session time zone, and escapes it (and the column name) with its path escaping. 
 the Arrow type of the column, so that Spark, pyarrow, DuckDB and Trino read the sink's output with the same
 partition values, and Spark infers the same partition column types, as for Spark's own output.
 
-- string (Spark string, char, varchar): the value (``a b``, ``café``);
+- string (Spark string, char, varchar): the value (``a b``, ``café``); bytes that are not UTF-8 (a Spark string
+  may hold them, for example after ``cast(binary as string)``) as U+FFFD, as Spark's writer names them;
 - binary: the bytes decoded as UTF-8, invalid bytes as U+FFFD (Spark's cast);
 - bool: ``true``, ``false``; int8 to int64 (tinyint to bigint): decimal digits (``-128``);
 - float, double: Java's ``Float.toString`` / ``Double.toString``: the shortest digits that read back as the same
@@ -165,8 +166,16 @@ def value_texts(values: pa.Array | pa.ChunkedArray, column: str = "") -> list[st
     if pa.types.is_null(t):
         return [None] * len(values)
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return values.to_pylist()  # type: ignore[no-any-return]
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        if _valid_utf8(values):
+            return values.to_pylist()  # type: ignore[no-any-return]
+        values = values.view(_AS_BYTES[t.id])  # Spark's strings are bytes, not checked: decoded as Spark does
+        t = values.type
+    if (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or t == pa.binary_view()
+    ):
         return [None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()]
     if pa.types.is_boolean(t):
         return [None if v is None else ("true" if v else "false") for v in values.to_pylist()]
@@ -190,6 +199,22 @@ def value_texts(values: pa.Array | pa.ChunkedArray, column: str = "") -> list[st
         f"{where} has the Arrow type {t}, which the sink cannot write as a partition directory; partition by a "
         f"column of one of the Spark types {', '.join(SPARK_TYPES)}"
     )
+
+
+_AS_BYTES = {
+    pa.string().id: pa.binary(),
+    pa.large_string().id: pa.large_binary(),
+    pa.string_view().id: pa.binary_view(),
+}
+
+
+def _valid_utf8(values: pa.Array) -> bool:
+    """Whether every value of a string array is UTF-8, as Arrow requires and Spark does not check."""
+    try:
+        values.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def component_texts(column: str, values: pa.Array | pa.ChunkedArray) -> list[str]:
@@ -249,7 +274,7 @@ def _text_bound(values: pa.Array) -> int | None:
 def _text_bytes(values: pa.Array, column: str) -> pa.Array:
     """The bytes of each value's escaped text (int64): vectorized for strings, per distinct value otherwise."""
     t = values.type
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if (pa.types.is_string(t) or pa.types.is_large_string(t)) and _valid_utf8(values):
         length = pc.binary_length(values).cast(pa.int64())
         escapes = pc.count_substring_regex(values, pattern=_ESCAPED_CLASS).cast(pa.int64())
         escaped = pc.add(length, pc.multiply(escapes, 2))

@@ -190,6 +190,26 @@ def test_value_texts(array, texts):
     assert value_texts(array) == texts
 
 
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.string_view()], ids=str)
+def test_strings_with_bytes_that_are_not_utf8_are_named_as_spark_names_them(kind):
+    """A Spark string may hold any bytes (``cast(unhex('C328') as string)``); Spark's writer names the directory
+    with each invalid sequence as U+FFFD, and so does the sink, instead of failing the file after the seal."""
+    as_bytes = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(), pa.string_view(): pa.binary_view()}
+    array = pa.array([b"\xc3(", b"ok", None, b"a\xff/b", b""], as_bytes[kind]).view(kind)
+    assert value_texts(array) == ["\ufffd(", "ok", None, "a\ufffd/b", ""]
+    assert component_texts("p", array) == [
+        "p=\ufffd(",
+        "p=ok",
+        f"p={DEFAULT_PARTITION}",
+        "p=a\ufffd%2Fb",
+        f"p={DEFAULT_PARTITION}",
+    ]
+    if kind != pa.string_view():
+        expected = [len(text.encode()) - len("p=") for text in component_texts("p", array)]
+        assert _text_bytes(array, "p").to_pylist() == expected  # 3 bytes for each byte that was not UTF-8
+        assert max(expected) <= (_text_bound(array) or 0)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.floats(allow_nan=False, allow_infinity=False), st.booleans())
 def test_float_text_reads_back_as_the_same_value_in_java_form(x, single):
