@@ -11,8 +11,10 @@ Spark's type strings say nothing of a timestamp's time zone (Spark's Arrow conve
 session time zone) or of the nullability of nested fields (``containsNull`` and friends follow the query's plan),
 while Arrow types do. So every batch is conformed to the files' Arrow schema before it enters the log store
 (:func:`conform`): a timestamp labelled with another time zone is relabelled (the instants are the same), nested
-nullability is widened. Any other difference is refused before the epoch is sealed, naming the column and both
-types. The file writer conforms the same way, so segments sealed before this rule existed are written too.
+nullability is widened, strings and binary with 64-bit offsets (``large_string``, which Spark sends when
+``spark.sql.execution.arrow.useLargeVarTypes`` is on) take the recorded width. Any other difference is refused
+before the epoch is sealed, naming the column and both types. The file writer conforms the same way, so segments
+sealed before this rule existed are written too.
 """
 
 from __future__ import annotations
@@ -124,12 +126,6 @@ def _unwritable(path: str, data_type: Any, problems: list[str]) -> None:
         _unwritable(f"{path}.value", data_type.valueType, problems)
 
 
-def quoted(name: str) -> str:
-    """A column name as Spark resolves it literally: in backticks, a backtick in it doubled (a dot in a name
-    unquoted would be read as a struct field)."""
-    return "`" + name.replace("`", "``") + "`"
-
-
 # -- Arrow side ----------------------------------------------------------------------------------------------
 
 
@@ -166,13 +162,31 @@ def file_schema_bytes(schema_bytes: bytes) -> bytes:
     return bytes(schema.serialize().to_pybytes())
 
 
+def _strings(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _bytes(t: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _lists(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
 def conformable(got: pa.DataType, expected: pa.DataType) -> bool:
     """Whether values of ``got`` become ``expected`` by a cast that changes no value: the same types up to a
-    timestamp's time zone label (both with one) and the nullability of nested fields."""
+    timestamp's time zone label (both with one), the nullability of nested fields, and the width of the offsets of
+    strings, binary and lists (Spark sends ``large_string`` and ``large_binary`` when
+    ``spark.sql.execution.arrow.useLargeVarTypes`` is on, a setting that may change between runs)."""
     if got.equals(expected):
         return True
     if pa.types.is_timestamp(got) and pa.types.is_timestamp(expected):
         return got.unit == expected.unit and (got.tz is None) == (expected.tz is None)
+    if (_strings(got) and _strings(expected)) or (_bytes(got) and _bytes(expected)):
+        return True
+    if _lists(got) and _lists(expected):
+        return conformable(got.value_type, expected.value_type)
     if got.id != expected.id or got.num_fields != expected.num_fields:
         return False
     if pa.types.is_struct(got):
@@ -188,8 +202,6 @@ def conformable(got: pa.DataType, expected: pa.DataType) -> bool:
         )
     if pa.types.is_fixed_size_list(got):
         return got.list_size == expected.list_size and conformable(got.value_type, expected.value_type)
-    if pa.types.is_list(got) or pa.types.is_large_list(got):
-        return conformable(got.value_type, expected.value_type)
     return False
 
 
@@ -219,7 +231,13 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str, *, keep: tuple
                 raise SchemaConformError(
                     f"{where} have column {field.name!r} of type {column.type}, the sink schema says {field.type}"
                 )
-            column = column.cast(field.type)
+            try:
+                column = column.cast(field.type)
+            except pa.ArrowInvalid as e:  # more than 2 GiB of one batch's strings for 32-bit offsets
+                raise SchemaConformError(
+                    f"{where} have column {field.name!r} of type {column.type}, which does not fit the sink "
+                    f"schema's {field.type}: {e}"
+                ) from e
         if not field.nullable and column.null_count:
             raise SchemaConformError(
                 f"{where} have nulls in column {field.name!r}, which the sink schema declares not null"

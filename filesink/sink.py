@@ -73,7 +73,6 @@ from .preflight import make_local_dir
 from .rollover import Rollover
 from .schema import (
     hashable_columns,
-    quoted,
     schema_problems,
     spark_schema_json,
     unhashable_reason,
@@ -469,6 +468,15 @@ class ExactlyOnceParquetSink:
                 "Parquet file's columns need distinct names. Nothing of this batch was written. Rename or drop the "
                 "repeated columns in the query (for example with alias after a join)."
             )
+        folded = [n.lower() for n in names]
+        alike = sorted({n for n, f in zip(names, folded, strict=True) if folded.count(f) > 1})
+        if alike and not self._case_sensitive():
+            raise SchemaMismatchError(
+                f"the batch has columns whose names differ only in case: {', '.join(map(repr, alike))}. The Spark "
+                "session compares column names without case (spark.sql.caseSensitive is false), so Spark's own "
+                "Parquet writer refuses them too (COLUMN_ALREADY_EXISTS), and Spark would not read them back apart. "
+                "Nothing of this batch was written. Rename one of each pair in the query."
+            )
         for option, columns in (("key_columns", self.key_columns or []), ("partition_by", self.partition_by)):
             missing = [c for c in columns if c not in names]
             if missing:
@@ -500,6 +508,16 @@ class ExactlyOnceParquetSink:
                 "this batch was written. Change those columns in the query."
             )
 
+    def _case_sensitive(self) -> bool:
+        """Whether the Spark session tells column names apart by case (``spark.sql.caseSensitive``, false by
+        default and when there is no session)."""
+        spark = self._spark
+        if spark is None:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+        return spark is not None and str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+
     def _check_schema(self, schema: Any) -> None:
         self._check_columns(schema)
         current = spark_schema_json(schema)
@@ -519,17 +537,17 @@ class ExactlyOnceParquetSink:
         segment. A refused batch leaves nothing in the log store and raises :class:`BatchRefusedError`."""
         from pyspark.sql import functions as F
 
-        keys = self._key_columns(df.schema)
+        # The columns cross under positional names and get theirs back in the task: nothing is looked up by a
+        # name Spark could parse ("a.b" as field b of a), or match twice (a and A when names are compared without
+        # case); PySpark's own mapInArrow looks every column up by its name.
+        names = [*df.columns, VNODE_COLUMN]
+        positional = df.toDF(*[f"_{i}" for i in range(len(names) - 1)])
+        keys = self._key_columns(df.schema, positional)
         vnode = F.pmod(F.hash(*keys), F.lit(self._store.vnodes)).cast("int")
         target = self._store.target
         term_prefix = self._store.writer_id("")
         limits = key_limits(self._output) if self.partition_by else None
         admission = Admission(epoch, self._ledger.arrow_schema(), tuple(self.partition_by), limits)
-
-        # The columns cross under positional names and get theirs back in the task: PySpark's mapInArrow looks
-        # every column up by its name unquoted, so a column named "a.b" would be taken for field b of a column a.
-        names = [*df.columns, VNODE_COLUMN]
-        crossing = [f"_{i}" for i in range(len(names) - 1)] + [VNODE_COLUMN]
 
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
@@ -548,7 +566,7 @@ class ExactlyOnceParquetSink:
                     names=_APPEND_COLUMNS,
                 )
 
-        rows = df.withColumn(VNODE_COLUMN, vnode).toDF(*crossing).mapInArrow(append_task, _APPEND_SCHEMA).collect()
+        rows = positional.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, _APPEND_SCHEMA).collect()
         descriptors = [pickle.loads(r.descriptor) for r in rows if r.descriptor is not None]
         refused = [r[REFUSED_COLUMN] for r in rows if r[REFUSED_COLUMN] is not None]
         if refused:
@@ -556,18 +574,23 @@ class ExactlyOnceParquetSink:
             raise BatchRefusedError(refusal_message(epoch, refused))
         return descriptors
 
-    def _key_columns(self, schema: Any) -> list[Any]:
-        """The columns the vnode hash is taken over: ``key_columns``, by default every column Spark can hash
-        (every column without a map or a variant in its type; with none such, the JSON text of the whole row).
-        Names are quoted: a column named ``a.b`` is that column, not field ``b`` of ``a``."""
+    def _key_columns(self, schema: Any, positional: Any) -> list[Any]:
+        """The columns the vnode hash is taken over, as columns of ``positional`` (the batch with its columns
+        named ``_0``, ``_1``, ...): ``key_columns``, by default every column Spark can hash (every column without a
+        map or a variant in its type; with none such, the JSON text of the whole row, under the columns' names)."""
         from pyspark.sql import functions as F
 
+        names = [f.name for f in schema.fields]
+
+        def column(name: str) -> Any:
+            return positional[f"_{names.index(name)}"]
+
         if self.key_columns:
-            return [F.col(quoted(c)) for c in self.key_columns]
+            return [column(c) for c in self.key_columns]
         keys = hashable_columns(schema)
         if keys:
-            return [F.col(quoted(c)) for c in keys]
-        return [F.to_json(F.struct(*[F.col(quoted(f.name)) for f in schema.fields]))]
+            return [column(c) for c in keys]
+        return [F.to_json(F.struct(*[column(n).alias(n) for n in names]))]
 
     def _file_task(self, f: PlannedFile, term: int) -> FileTask:
         return file_task(

@@ -172,6 +172,11 @@ def test_admission_conforms_or_refuses():
         admission.admit([wrong])
     assert not conformable(pa.timestamp("ms", tz="UTC"), pa.timestamp("us", tz="UTC"))
     assert not conformable(pa.list_(pa.int64()), pa.list_(pa.int32()))
+    assert conformable(pa.large_string(), pa.string()) and conformable(pa.binary(), pa.large_binary())
+    assert conformable(pa.large_list(pa.large_string()), pa.list_(pa.string()))
+    assert not conformable(pa.string(), pa.binary()) and not conformable(
+        pa.large_list(pa.int64()), pa.list_(pa.int32())
+    )
     assert conformable(pa.struct([pa.field("a", pa.int32(), False)]), pa.struct([("a", pa.int32())]))
 
 
@@ -288,3 +293,54 @@ def test_variant_column_with_default_keys_and_refused_as_a_key(spark, tmp_path):
     expected = Counter((r.id, bytes(r.v.value), bytes(r.v.metadata)) for r in df.collect())
     assert got == expected
     assert {r.v.toJson() for r in df.collect()} == {f'{{"n":{i}}}' for i in range(12)}
+
+
+@pytest.mark.parametrize("first_large", [False, True], ids=["turned-on", "turned-off"])
+def test_large_var_types_turned_on_or_off_between_runs(spark, tmp_path, first_large):
+    """``spark.sql.execution.arrow.useLargeVarTypes`` changes the Arrow type of strings and binary, not the data:
+    batches of the other width are conformed to the recorded one, not refused with a cast the user cannot make."""
+    conf = "spark.sql.execution.arrow.useLargeVarTypes"
+    query = (
+        "select id, cast(id as string) as s, array(cast(id as string)) as xs, cast(cast(id as string) as binary) as b "
+        "from range({})"
+    )
+    expected = Counter()
+    try:
+        for epoch, large in enumerate((first_large, not first_large, first_large)):
+            spark.conf.set(conf, str(large).lower())
+            with _sink(tmp_path) as sink:  # a restart with the setting changed
+                df = spark.sql(query.format(10 + epoch))
+                sink(df, epoch)
+                expected.update((r.id, r.s, tuple(r.xs), bytes(r.b)) for r in df.collect())
+                assert sink.log_store.last_sealed_epoch == epoch
+                if epoch == 2:
+                    sink.flush()
+    finally:
+        spark.conf.unset(conf)
+    table = _read(tmp_path / "out")
+    string, binary = (pa.large_string(), pa.large_binary()) if first_large else (pa.string(), pa.binary())
+    assert table.schema.field("s").type == string and table.schema.field("b").type == binary  # the recorded width
+    got = zip(*(table[c].to_pylist() for c in ("id", "s", "xs", "b")), strict=True)
+    assert Counter((i, s, tuple(xs), b) for i, s, xs, b in got) == expected
+
+
+def test_column_names_that_differ_only_in_case(spark, tmp_path):
+    """Spark's own writer refuses ``a`` and ``A`` unless the session tells names apart by case; so does the sink,
+    before anything is written. With ``spark.sql.caseSensitive`` on, both columns are written."""
+    df = spark.sql("select id, id * 2 as a, id * 3 as A from range(8)")
+    with _sink(tmp_path / "insensitive") as sink:
+        with pytest.raises(SchemaMismatchError, match=r"names differ only in case: 'A', 'a'.*Nothing of this batch"):
+            sink(df, 0)
+        assert sink.log_store.last_sealed_epoch == NOTHING
+        assert sink.log_store.held_totals().rows == 0
+    spark.conf.set("spark.sql.caseSensitive", "true")
+    try:
+        df = spark.sql("select id, id * 2 as a, id * 3 as A from range(8)")
+        with _sink(tmp_path / "sensitive") as sink:
+            sink(df, 0)
+            sink.flush()
+    finally:
+        spark.conf.unset("spark.sql.caseSensitive")
+    table = _read(tmp_path / "sensitive" / "out")
+    got = zip(table["id"].to_pylist(), table["a"].to_pylist(), table["A"].to_pylist(), strict=True)
+    assert Counter(got) == Counter((i, 2 * i, 3 * i) for i in range(8))
