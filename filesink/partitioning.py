@@ -20,7 +20,9 @@ partition values, and Spark infers the same partition column types, as for Spark
 
 A timestamp's zone is the one the sink's schema records: Spark labels timestamps with the session time zone, and
 the sink keeps the zone of its first batch (:mod:`filesink.schema`), so a value's directory does not move when
-the session time zone changes later. Spark partitions by no other type (arrays, maps, structs, variant, void:
+the session time zone changes later. Spark takes Java's zone ids, which pyarrow does not all know: a short id
+(``PST``) is read as the JDK maps it, an offset in Java's forms (``Z``, ``GMT+05:30``, ``UTC+1``, ``+5``,
+``-0530``) as ``+HH:MM`` (:func:`arrow_zone`). Spark partitions by no other type (arrays, maps, structs, variant, void:
 ``INVALID_PARTITION_COLUMN_DATA_TYPE``; the sink refuses intervals too): :func:`unsupported_columns` names them
 for the sink's schema check.
 
@@ -45,7 +47,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import math
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -155,6 +159,65 @@ def _time_text(count: int, per_second: int) -> str:
 
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
+_JAVA_SHORT_IDS = {
+    "ACT": "Australia/Darwin",
+    "AET": "Australia/Sydney",
+    "AGT": "America/Argentina/Buenos_Aires",
+    "ART": "Africa/Cairo",
+    "AST": "America/Anchorage",
+    "BET": "America/Sao_Paulo",
+    "BST": "Asia/Dhaka",
+    "CAT": "Africa/Harare",
+    "CNT": "America/St_Johns",
+    "CST": "America/Chicago",
+    "CTT": "Asia/Shanghai",
+    "EAT": "Africa/Addis_Ababa",
+    "ECT": "Europe/Paris",
+    "EST": "-05:00",
+    "HST": "-10:00",
+    "IET": "America/Indiana/Indianapolis",
+    "IST": "Asia/Kolkata",
+    "JST": "Asia/Tokyo",
+    "MIT": "Pacific/Apia",
+    "MST": "-07:00",
+    "NET": "Asia/Yerevan",
+    "NST": "Pacific/Auckland",
+    "PLT": "Asia/Karachi",
+    "PNT": "America/Phoenix",
+    "PRT": "America/Puerto_Rico",
+    "PST": "America/Los_Angeles",
+    "SST": "Pacific/Guadalcanal",
+    "VST": "Asia/Ho_Chi_Minh",
+}
+"""``java.time.ZoneId.SHORT_IDS``: the short ids Spark's session time zone accepts, as the JDK resolves them."""
+_JAVA_OFFSET = re.compile(r"(?:GMT|UTC|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d{2}))?")
+
+
+def _known_zone(zone: str) -> bool:
+    try:
+        pc.strftime(pa.array([0], pa.timestamp("s", tz=zone)), format="%H")
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def arrow_zone(zone: str) -> str:
+    """The time zone pyarrow knows for a zone id of Spark's session time zone (Java's ``ZoneId.of`` with its short
+    ids): a short id as the JDK maps it, a zone pyarrow knows as it is, an offset in Java's forms (``Z``,
+    ``GMT+05:30``, ``UTC+1``, ``+5``, ``-0530``) as ``+HH:MM``. Anything else is returned as it is, and naming a
+    directory after it fails (the admission refuses such a batch before its seal)."""
+    mapped = _JAVA_SHORT_IDS.get(zone)
+    if mapped is None:
+        if _known_zone(zone):
+            return zone
+        match = _JAVA_OFFSET.fullmatch(zone)
+        if zone == "Z":
+            mapped = "+00:00"
+        elif match and not int(match[4] or 0):
+            mapped = f"{match[1]}{int(match[2]):02d}:{match[3] or '00'}"
+    return mapped if mapped is not None and _known_zone(mapped) else zone
+
 
 def value_texts(values: pa.Array | pa.ChunkedArray, column: str = "") -> list[str | None]:
     """The text of each value (None for null) as Spark's writer gives it; see the module docstring."""
@@ -189,6 +252,8 @@ def value_texts(values: pa.Array | pa.ChunkedArray, column: str = "") -> list[st
     if pa.types.is_date(t):
         return pc.strftime(values.cast(pa.timestamp("s")), format="%Y-%m-%d").to_pylist()  # type: ignore[no-any-return]
     if pa.types.is_timestamp(t):
+        if t.tz is not None and arrow_zone(t.tz) != t.tz:
+            values = values.cast(pa.timestamp(t.unit, arrow_zone(t.tz)))  # the same instants, a zone pyarrow knows
         return _trim_fraction(pc.strftime(values, format="%Y-%m-%d %H:%M:%S")).to_pylist()  # type: ignore[no-any-return]
     if pa.types.is_time(t):
         per_second = _PER_SECOND[t.unit]
@@ -296,6 +361,21 @@ def check_paths(batch: pa.RecordBatch, columns: Sequence[str], limits: KeyLimits
     value's text is made in Python."""
     if not columns or batch.num_rows == 0:
         return None
+    for column in columns:  # a directory can be named at all (a time zone pyarrow does not know cannot)
+        try:
+            value_texts(batch.column(column).slice(0, 1), column)
+        except (pa.ArrowException, ValueError) as e:
+            zone = getattr(batch.schema.field(column).type, "tz", None)
+            fix = (
+                f"set spark.sql.session.timeZone to a region id (such as Asia/Kolkata) or an offset (+05:30) "
+                f"instead of {zone!r}, in a new sink if this one recorded that zone"
+                if zone
+                else "partition by another column"
+            )
+            return (
+                f"partition column {column!r} of type {batch.schema.field(column).type}: no directory can be named "
+                f"after its values ({e}); {fix}"
+            )
     names = {c: len(escape(c).encode("utf-8", "surrogatepass")) + 1 for c in columns}  # "<column>="
     sizes: dict[str, pa.Array | int] = {}
     for column in columns:

@@ -231,6 +231,60 @@ def test_string_values_that_are_not_utf8_get_sparks_directories(spark, tmp_path)
     assert read_ours == read_theirs
 
 
+def test_the_jdks_short_zone_ids_are_the_sinks(spark):
+    from filesink.partitioning import _JAVA_SHORT_IDS
+
+    ids = spark.sparkContext._jvm.java.time.ZoneId.SHORT_IDS
+    assert {k: ids.get(k) for k in ids.keySet().toArray()} == _JAVA_SHORT_IDS
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("zone", ["PST", "GMT+05:30", "UTC-3", "Z"])
+def test_session_time_zones_pyarrow_does_not_know_get_sparks_directories(spark, tmp_path, zone):
+    """Java zone ids Spark takes and pyarrow does not (a short id, offsets in Java's forms) used to be sealed and
+    then fail every file of a sink partitioned by a timestamp."""
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        df = spark.sql(
+            "SELECT id AS i, timestamp'2024-03-10 01:30:00' + make_interval(0, 0, 0, 0, CAST(id AS INT), 0, 0) AS ts "
+            "FROM range(6)"
+        )
+        theirs, ours = tmp_path / "spark", tmp_path / "sink"
+        df.write.partitionBy("ts").parquet(str(theirs))
+        with ExactlyOnceParquetSink(
+            str(ours),
+            tmp_path / "state",
+            vnodes=4,
+            parallelism=2,
+            partition_by=["ts"],
+            rollover=Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000),
+        ) as sink:
+            sink(df, 0)
+            sink.flush()
+        assert _dirs_by_row(ours) == _dirs_by_row(theirs)
+        assert sorted(map(tuple, spark.read.parquet(str(ours)).collect())) == sorted(
+            map(tuple, spark.read.parquet(str(theirs)).collect())
+        )
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+def test_a_session_time_zone_no_directory_can_be_named_in_is_refused_before_the_seal(spark, tmp_path):
+    from filesink.errors import BatchRefusedError
+
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "+05:30:15")  # Java takes seconds in an offset, pyarrow does not
+    try:
+        df = spark.sql("SELECT id AS i, timestamp'2024-03-10 01:30:00' AS ts FROM range(3)")
+        with ExactlyOnceParquetSink(str(tmp_path / "out"), tmp_path / "state", vnodes=4, partition_by=["ts"]) as sink:
+            with pytest.raises(BatchRefusedError, match=r"partition column 'ts'.*set spark.sql.session.timeZone to"):
+                sink(df, 0)
+            assert sink.log_store.last_sealed_epoch == -1 and sink.log_store.held_totals().rows == 0
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
 @pytest.mark.parametrize(
     ("sql", "kind"),
     [

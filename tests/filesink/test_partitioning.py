@@ -24,6 +24,7 @@ from filesink.partitioning import (
     PartitionTypeError,
     _text_bound,
     _text_bytes,
+    arrow_zone,
     check_paths,
     component_texts,
     escape,
@@ -208,6 +209,39 @@ def test_strings_with_bytes_that_are_not_utf8_are_named_as_spark_names_them(kind
         expected = [len(text.encode()) - len("p=") for text in component_texts("p", array)]
         assert _text_bytes(array, "p").to_pylist() == expected  # 3 bytes for each byte that was not UTF-8
         assert max(expected) <= (_text_bound(array) or 0)
+
+
+@pytest.mark.parametrize(
+    ("zone", "known"),
+    [
+        ("GMT+05:30", "+05:30"),
+        ("UTC+1", "+01:00"),
+        ("UT-3", "-03:00"),
+        ("+5", "+05:00"),
+        ("Z", "+00:00"),
+        ("PST", "America/Los_Angeles"),
+        ("EST", "-05:00"),
+        ("America/Sao_Paulo", "America/Sao_Paulo"),
+        ("UTC", "UTC"),
+    ],
+)
+def test_java_zone_ids_are_read_as_the_jdk_reads_them(zone, known):
+    assert arrow_zone(zone) == known
+    instants = [datetime.datetime(2024, 2, 29, 10, 5, 1, 100000, tzinfo=datetime.UTC), None]
+    assert value_texts(pa.array(instants, pa.timestamp("us", zone))) == value_texts(
+        pa.array(instants, pa.timestamp("us", known))
+    )
+
+
+def test_a_zone_no_directory_can_be_named_in_is_refused_by_the_admission_check():
+    """An offset with seconds (Java takes ``+05:30:15``, pyarrow does not): refused before the seal, not failed
+    at every roll after it."""
+    batch = pa.record_batch([pa.array([0, 1], pa.timestamp("s", "+05:30:15"))], names=["ts"])
+    problem = check_paths(batch, ["ts"], LIMITS)
+    assert problem is not None
+    assert "partition column 'ts' of type timestamp[s, tz=+05:30:15]: no directory can be named" in problem
+    assert "set spark.sql.session.timeZone to a region id" in problem
+    assert check_paths(pa.record_batch([pa.array([0], pa.timestamp("s", "PST"))], names=["ts"]), ["ts"], LIMITS) is None
 
 
 @settings(max_examples=300, deadline=None)
