@@ -22,9 +22,10 @@ A timestamp's zone is the one the sink's schema records: Spark labels timestamps
 the sink keeps the zone of its first batch (:mod:`filesink.schema`), so a value's directory does not move when
 the session time zone changes later. Spark takes Java's zone ids, which pyarrow does not all know: a short id
 (``PST``) is read as the JDK maps it, an offset in Java's forms (``Z``, ``GMT+05:30``, ``UTC+1``, ``+5``,
-``-0530``) as ``+HH:MM`` (:func:`arrow_zone`). Spark partitions by no other type (arrays, maps, structs, variant, void:
-``INVALID_PARTITION_COLUMN_DATA_TYPE``; the sink refuses intervals too): :func:`unsupported_columns` names them
-for the sink's schema check.
+``-0530``) as ``+HH:MM`` (:func:`filesink.schema.arrow_zone`).
+
+Spark partitions by no other type (arrays, maps, structs, variant, void: ``INVALID_PARTITION_COLUMN_DATA_TYPE``;
+the sink refuses intervals too): :func:`unsupported_columns` names them for the sink's schema check.
 
 Escaping is Spark's (``ExternalCatalogUtils.escapePathName``): ``%XX`` for the control characters 0x01-0x1F and
 0x7F and for ``" # % ' * / : = ? \\ { [ ] ^``, and, beyond Spark (which fails on it), for NUL. Everything else,
@@ -47,9 +48,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import functools
 import math
-import re
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .output.limits import KeyLimits
+from .schema import arrow_zone
 
 DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
@@ -158,65 +158,6 @@ def _time_text(count: int, per_second: int) -> str:
 
 
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
-
-_JAVA_SHORT_IDS = {
-    "ACT": "Australia/Darwin",
-    "AET": "Australia/Sydney",
-    "AGT": "America/Argentina/Buenos_Aires",
-    "ART": "Africa/Cairo",
-    "AST": "America/Anchorage",
-    "BET": "America/Sao_Paulo",
-    "BST": "Asia/Dhaka",
-    "CAT": "Africa/Harare",
-    "CNT": "America/St_Johns",
-    "CST": "America/Chicago",
-    "CTT": "Asia/Shanghai",
-    "EAT": "Africa/Addis_Ababa",
-    "ECT": "Europe/Paris",
-    "EST": "-05:00",
-    "HST": "-10:00",
-    "IET": "America/Indiana/Indianapolis",
-    "IST": "Asia/Kolkata",
-    "JST": "Asia/Tokyo",
-    "MIT": "Pacific/Apia",
-    "MST": "-07:00",
-    "NET": "Asia/Yerevan",
-    "NST": "Pacific/Auckland",
-    "PLT": "Asia/Karachi",
-    "PNT": "America/Phoenix",
-    "PRT": "America/Puerto_Rico",
-    "PST": "America/Los_Angeles",
-    "SST": "Pacific/Guadalcanal",
-    "VST": "Asia/Ho_Chi_Minh",
-}
-"""``java.time.ZoneId.SHORT_IDS``: the short ids Spark's session time zone accepts, as the JDK resolves them."""
-_JAVA_OFFSET = re.compile(r"(?:GMT|UTC|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d{2}))?")
-
-
-def _known_zone(zone: str) -> bool:
-    try:
-        pc.strftime(pa.array([0], pa.timestamp("s", tz=zone)), format="%H")
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return False
-    return True
-
-
-@functools.lru_cache(maxsize=64)
-def arrow_zone(zone: str) -> str:
-    """The time zone pyarrow knows for a zone id of Spark's session time zone (Java's ``ZoneId.of`` with its short
-    ids): a short id as the JDK maps it, a zone pyarrow knows as it is, an offset in Java's forms (``Z``,
-    ``GMT+05:30``, ``UTC+1``, ``+5``, ``-0530``) as ``+HH:MM``. Anything else is returned as it is, and naming a
-    directory after it fails (the admission refuses such a batch before its seal)."""
-    mapped = _JAVA_SHORT_IDS.get(zone)
-    if mapped is None:
-        if _known_zone(zone):
-            return zone
-        match = _JAVA_OFFSET.fullmatch(zone)
-        if zone == "Z":
-            mapped = "+00:00"
-        elif match and not int(match[4] or 0):
-            mapped = f"{match[1]}{int(match[2]):02d}:{match[3] or '00'}"
-    return mapped if mapped is not None and _known_zone(mapped) else zone
 
 
 def value_texts(values: pa.Array | pa.ChunkedArray, column: str = "") -> list[str | None]:

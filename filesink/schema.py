@@ -12,17 +12,22 @@ session time zone) or of the nullability of nested fields (``containsNull`` and 
 while Arrow types do. So every batch is conformed to the files' Arrow schema before it enters the log store
 (:func:`conform`): a timestamp labelled with another time zone is relabelled (the instants are the same), nested
 nullability is widened, strings and binary with 64-bit offsets (``large_string``, which Spark sends when
-``spark.sql.execution.arrow.useLargeVarTypes`` is on) take the recorded width. Any other difference is refused
-before the epoch is sealed, naming the column and both types. The file writer conforms the same way, so segments
-sealed before this rule existed are written too.
+``spark.sql.execution.arrow.useLargeVarTypes`` is on) take the recorded width. The files' schema names each
+timestamp's zone the way pyarrow does (:func:`arrow_zone`): Spark labels timestamps with the session time zone as
+given, in Java's forms (``PST``, ``GMT+05:30``), which pyarrow and pandas cannot resolve. Any other difference is
+refused before the epoch is sealed, naming the column and both types. The file writer conforms the same way, so
+segments sealed before this rule existed are written too.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 class SchemaConformError(ValueError):
@@ -129,12 +134,75 @@ def _unwritable(path: str, data_type: Any, problems: list[str]) -> None:
 # -- Arrow side ----------------------------------------------------------------------------------------------
 
 
+_JAVA_SHORT_IDS = {
+    "ACT": "Australia/Darwin",
+    "AET": "Australia/Sydney",
+    "AGT": "America/Argentina/Buenos_Aires",
+    "ART": "Africa/Cairo",
+    "AST": "America/Anchorage",
+    "BET": "America/Sao_Paulo",
+    "BST": "Asia/Dhaka",
+    "CAT": "Africa/Harare",
+    "CNT": "America/St_Johns",
+    "CST": "America/Chicago",
+    "CTT": "Asia/Shanghai",
+    "EAT": "Africa/Addis_Ababa",
+    "ECT": "Europe/Paris",
+    "EST": "-05:00",
+    "HST": "-10:00",
+    "IET": "America/Indiana/Indianapolis",
+    "IST": "Asia/Kolkata",
+    "JST": "Asia/Tokyo",
+    "MIT": "Pacific/Apia",
+    "MST": "-07:00",
+    "NET": "Asia/Yerevan",
+    "NST": "Pacific/Auckland",
+    "PLT": "Asia/Karachi",
+    "PNT": "America/Phoenix",
+    "PRT": "America/Puerto_Rico",
+    "PST": "America/Los_Angeles",
+    "SST": "Pacific/Guadalcanal",
+    "VST": "Asia/Ho_Chi_Minh",
+}
+"""``java.time.ZoneId.SHORT_IDS``: the short ids Spark's session time zone accepts, as the JDK resolves them."""
+_JAVA_OFFSET = re.compile(r"(?:GMT|UTC|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d{2}))?")
+
+
+def _known_zone(zone: str) -> bool:
+    try:
+        pc.strftime(pa.array([0], pa.timestamp("s", tz=zone)), format="%H")
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def arrow_zone(zone: str) -> str:
+    """The time zone pyarrow knows for a zone id of Spark's session time zone (Java's ``ZoneId.of`` with its short
+    ids): a short id as the JDK maps it, a zone pyarrow knows as it is, an offset in Java's forms (``Z``,
+    ``GMT+05:30``, ``UTC+1``, ``+5``, ``-0530``) as ``+HH:MM``. Anything else is returned as it is, and naming a
+    directory after it fails (the admission refuses such a batch before its seal)."""
+    mapped = _JAVA_SHORT_IDS.get(zone)
+    if mapped is None:
+        if _known_zone(zone):
+            return zone
+        match = _JAVA_OFFSET.fullmatch(zone)
+        if zone == "Z":
+            mapped = "+00:00"
+        elif match and not int(match[4] or 0):
+            mapped = f"{match[1]}{int(match[2]):02d}:{match[3] or '00'}"
+    return mapped if mapped is not None and _known_zone(mapped) else zone
+
+
 def _nullable_field(field: pa.Field) -> pa.Field:
     return field.with_type(nullable_type(field.type)).with_nullable(True)
 
 
 def nullable_type(data_type: pa.DataType) -> pa.DataType:
-    """``data_type`` with every nested field nullable (map keys stay non-null, their types made nullable inside)."""
+    """``data_type`` with every nested field nullable (map keys stay non-null, their types made nullable inside),
+    and every timestamp's zone one pyarrow knows (:func:`arrow_zone`), so readers of the files can use it."""
+    if pa.types.is_timestamp(data_type) and data_type.tz is not None:
+        return pa.timestamp(data_type.unit, arrow_zone(data_type.tz))
     if pa.types.is_struct(data_type):
         return pa.struct([_nullable_field(data_type.field(i)) for i in range(data_type.num_fields)])
     if pa.types.is_map(data_type):
@@ -152,7 +220,8 @@ def nullable_type(data_type: pa.DataType) -> pa.DataType:
 
 
 def file_schema(schema: pa.Schema) -> pa.Schema:
-    """The files' schema for rows of ``schema``: every field nullable at every depth, metadata kept."""
+    """The files' schema for rows of ``schema``: every field nullable at every depth, timestamps in zones pyarrow
+    knows, metadata kept."""
     return pa.schema([_nullable_field(f) for f in schema], metadata=schema.metadata)
 
 

@@ -232,7 +232,7 @@ def test_string_values_that_are_not_utf8_get_sparks_directories(spark, tmp_path)
 
 
 def test_the_jdks_short_zone_ids_are_the_sinks(spark):
-    from filesink.partitioning import _JAVA_SHORT_IDS
+    from filesink.schema import _JAVA_SHORT_IDS
 
     ids = spark.sparkContext._jvm.java.time.ZoneId.SHORT_IDS
     assert {k: ids.get(k) for k in ids.keySet().toArray()} == _JAVA_SHORT_IDS

@@ -344,3 +344,26 @@ def test_column_names_that_differ_only_in_case(spark, tmp_path):
     table = _read(tmp_path / "sensitive" / "out")
     got = zip(table["id"].to_pylist(), table["a"].to_pylist(), table["A"].to_pylist(), strict=True)
     assert Counter(got) == Counter((i, 2 * i, 3 * i) for i in range(8))
+
+
+def test_files_name_a_time_zone_their_readers_know(spark, tmp_path):
+    """Spark labels timestamps with the session time zone as given (``GMT+05:30``, ``PST``), which pyarrow and
+    pandas cannot resolve; the files say the same zone the way they can."""
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    instants = [datetime.datetime(2024, 3, 1, 12, 0, i, tzinfo=UTC) for i in range(4)]
+    try:
+        for epoch, session in enumerate(("GMT+05:30", "PST")):  # a restart with another session zone
+            spark.conf.set("spark.sql.session.timeZone", session)
+            with _sink(tmp_path) as sink:
+                rows = [(epoch * 10 + i, t) for i, t in enumerate(instants)]
+                sink(spark.createDataFrame(rows, "id long, ts timestamp"), epoch)
+                if epoch == 1:
+                    sink.flush()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    table = _read(tmp_path / "out")
+    assert table.schema.field("ts").type == pa.timestamp(
+        "us", tz="+05:30"
+    )  # the first batch's zone, as pyarrow says it
+    got = Counter(zip(table["id"].to_pylist(), table["ts"].to_pylist(), strict=True))
+    assert got == Counter((e * 10 + i, t) for e in (0, 1) for i, t in enumerate(instants))
