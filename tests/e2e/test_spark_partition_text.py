@@ -202,6 +202,24 @@ def test_directories_and_types_read_back_are_sparks(spark, tmp_path):
     assert {r["i"]: r["s"] for r in got} == {row[0]: (row[1] or None) for row in rows}
 
 
+def _written_by_both(df, column: str, tmp_path: Path) -> tuple[Path, Path]:
+    """``df`` written partitioned by ``column`` by Spark's writer and by the sink (every row written, none held)."""
+    theirs, ours = tmp_path / "spark", tmp_path / "sink"
+    df.write.partitionBy(column).parquet(str(theirs))
+    with ExactlyOnceParquetSink(
+        str(ours),
+        tmp_path / "state",
+        vnodes=4,
+        parallelism=2,
+        partition_by=[column],
+        rollover=Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000),
+    ) as sink:
+        sink(df, 0)
+        sink.flush()
+        assert sink.log_store.held_totals().rows == 0
+    return theirs, ours
+
+
 def test_string_values_that_are_not_utf8_get_sparks_directories(spark, tmp_path):
     """A string holding bytes that are not UTF-8 (Spark does not check: ``cast(binary as string)``) used to be
     sealed and then fail every file at every roll; the sink names its directory as Spark does (U+FFFD)."""
@@ -209,19 +227,7 @@ def test_string_values_that_are_not_utf8_get_sparks_directories(spark, tmp_path)
         "SELECT id AS i, CAST(unhex(element_at(array('C328', '41', 'FF2F41', '', 'E282'), CAST(id % 5 + 1 AS INT))) "
         "AS STRING) AS s, id * 2 AS v FROM range(20)"
     )
-    theirs, ours = tmp_path / "spark", tmp_path / "sink"
-    df.write.partitionBy("s").parquet(str(theirs))
-    with ExactlyOnceParquetSink(
-        str(ours),
-        tmp_path / "state",
-        vnodes=4,
-        parallelism=2,
-        partition_by=["s"],
-        rollover=Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000),
-    ) as sink:
-        sink(df, 0)
-        sink.flush()
-        assert sink.log_store.held_totals().rows == 0  # every row written, nothing held back
+    theirs, ours = _written_by_both(df, "s", tmp_path)
     spark_dirs, sink_dirs = _dirs_by_row(theirs), _dirs_by_row(ours)
     assert sorted(spark_dirs) == list(range(20))
     assert sink_dirs == spark_dirs
@@ -250,18 +256,7 @@ def test_session_time_zones_pyarrow_does_not_know_get_sparks_directories(spark, 
             "SELECT id AS i, timestamp'2024-03-10 01:30:00' + make_interval(0, 0, 0, 0, CAST(id AS INT), 0, 0) AS ts "
             "FROM range(6)"
         )
-        theirs, ours = tmp_path / "spark", tmp_path / "sink"
-        df.write.partitionBy("ts").parquet(str(theirs))
-        with ExactlyOnceParquetSink(
-            str(ours),
-            tmp_path / "state",
-            vnodes=4,
-            parallelism=2,
-            partition_by=["ts"],
-            rollover=Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000),
-        ) as sink:
-            sink(df, 0)
-            sink.flush()
+        theirs, ours = _written_by_both(df, "ts", tmp_path)
         assert _dirs_by_row(ours) == _dirs_by_row(theirs)
         assert sorted(map(tuple, spark.read.parquet(str(ours)).collect())) == sorted(
             map(tuple, spark.read.parquet(str(theirs)).collect())
