@@ -167,6 +167,7 @@ class ExactlyOnceParquetSink:
         self.parallelism = d.parallelism
         self.vnodes = d.vnodes
         self._checkpoint_id: str | None = None
+        self._spark: Any = None
         self.stats = SinkStats()
         """On a Spark Connect client this stays empty: the sink counts on the server."""
 
@@ -213,7 +214,6 @@ class ExactlyOnceParquetSink:
 
             self._ledger.check_config(self.path, self.key_columns, self.partition_by, before_record=claim)
             claim()
-            self._spark: Any = None
             self._epochs_since_sweep = 0
             self._term = 0
             self.recovered: RecoveryPlan | None = None

@@ -121,6 +121,8 @@ def test_tasks_and_relative_paths_are_refused_on_the_client(connect_url, tmp_pat
     assert "is relative" in result["relative"] and "absolute path the server uses" in result["relative"]
     assert "give checkpoint_location=" in result["no_checkpoint"], result["no_checkpoint"]
     assert "Nothing was created" in result["no_checkpoint"], result["no_checkpoint"]
+    assert "names differ only in case: 'A', 'a'" in result["case"], result["case"]
+    assert "'iv' (interval): an interval of months, days and microseconds" in result["interval"], result["interval"]
     assert result["state_exists"] is False
 
 

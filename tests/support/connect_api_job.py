@@ -116,6 +116,19 @@ def refusals(spark: Any, work: Path) -> dict[str, Any]:
         out["no_checkpoint"] = "made"
     except FileSinkError as e:
         out["no_checkpoint"] = str(e)
+    from pyspark.sql import types as T
+
+    user_id = T.StructField("user_id", T.LongType())
+    schemas = {
+        "case": T.StructType([user_id, T.StructField("a", T.LongType()), T.StructField("A", T.LongType())]),
+        "interval": T.StructType([user_id, T.StructField("iv", T.CalendarIntervalType())]),
+    }
+    for case, schema in schemas.items():  # the schema check on the client, where the sink is not open
+        try:
+            sink.check_schema(schema)
+            out[case] = "accepted"
+        except FileSinkError as e:
+            out[case] = str(e)
     out["state_exists"] = (work / "state").exists() or (work / "state3").exists()
     return out
 
