@@ -318,6 +318,13 @@ def check_paths(batch: pa.RecordBatch, columns: Sequence[str], limits: KeyLimits
                 f"after its values ({e}); {fix}"
             )
     names = {c: len(escape(c).encode("utf-8", "surrogatepass")) + 1 for c in columns}  # "<column>="
+    for column, size in names.items():
+        if size + 1 > limits.component_bytes:  # no value, however short, leaves room
+            return (
+                f"partition column {_start(column)} has a name of {size - 1} bytes (escaped), so every directory "
+                f"'<name>=<value>' of it is over the {limits.component_bytes} bytes {limits.component_rule}; no file "
+                "could hold its rows. Rename the column in the query (alias) to a shorter name, and partition by that"
+            )
     sizes: dict[str, pa.Array | int] = {}
     for column in columns:
         values = batch.column(column)

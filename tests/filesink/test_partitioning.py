@@ -321,6 +321,17 @@ def test_check_paths_names_the_column_the_value_and_the_limit():
     assert "has a value of 100 characters" in (check_paths(escaped, ["p"], LIMITS) or "")
 
 
+def test_check_paths_blames_a_partition_column_name_too_long_for_any_directory():
+    name = "n" * 300
+    batch = pa.record_batch([pa.array(["0", "1"])], names=[name])
+    problem = check_paths(batch, [name], LIMITS)
+    assert problem is not None
+    assert problem.startswith(f"partition column {name[:40] + '...'!r} has a name of 300 bytes (escaped)"), problem
+    assert "Rename the column in the query (alias)" in problem
+    short = "n" * (LIMITS.component_bytes - 2)  # "<name>=" and one character: exactly the limit
+    assert check_paths(pa.record_batch([pa.array(["0"])], names=[short]), [short], LIMITS) is None
+
+
 def test_check_paths_sums_the_whole_key():
     # each directory fits, and the longest of each column together would not, but no row has both
     batch = pa.record_batch({"a": ["x" * 150, "y"], "b": ["y", "z" * 150]})
