@@ -461,6 +461,11 @@ class ExactlyOnceParquetSink:
     def _check_columns(self, schema: Any) -> None:
         """What the options say about a schema: the columns they name exist and can be used as named."""
         names = [f.name for f in schema.fields]
+        if not names:
+            raise SchemaMismatchError(
+                "the batch has no columns, and a Parquet file needs at least one (Spark's own Parquet writer refuses "
+                "an empty schema too). Nothing of this batch was written. Select at least one column in the query."
+            )
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise SchemaMismatchError(

@@ -199,6 +199,18 @@ UNWRITABLE = [
 ]
 
 
+def test_a_batch_without_columns_is_refused_before_the_append(spark, tmp_path):
+    """``select()`` gives rows without columns: they used to be sealed, and then every file failed."""
+    with _sink(tmp_path) as sink:
+        with pytest.raises(SchemaMismatchError, match=r"the batch has no columns.*Nothing of this batch was written"):
+            sink(spark.range(3).select(), 0)
+        assert sink.log_store.last_sealed_epoch == NOTHING
+        assert sink.log_store.held_totals().rows == 0
+        sink(spark.range(3), 0)  # the fixed query
+        sink.flush()
+    assert Counter(_read(tmp_path / "out")["id"].to_pylist()) == Counter(range(3))
+
+
 @pytest.mark.parametrize(("query", "match"), UNWRITABLE)
 def test_types_a_parquet_file_cannot_hold_are_refused_before_the_append(spark, tmp_path, query, match):
     df = spark.sql(query)
