@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -53,6 +54,17 @@ def schema_problems(recorded: str, current: str) -> list[str]:
     return problems or [f"the column order changed from {list(before)} to {list(now)}"]
 
 
+def repeated(names: list[str], *, fold: Callable[[str], str] = str) -> list[str]:
+    """The names that occur more than once in ``names`` once ``fold`` is applied (``str.lower``: names that differ
+    only in case), each as written, sorted."""
+    folded = [fold(n) for n in names]
+    return sorted({n for n, f in zip(names, folded, strict=True) if folded.count(f) > 1})
+
+
+_HASH_ERRORS = {"a map": "HASH_MAP_TYPE", "a variant": "HASH_VARIANT_TYPE"}
+"""What Spark's ``hash`` refuses, and the error class it refuses it with."""
+
+
 def _unhashable(data_type: Any) -> str | None:
     """What in a Spark data type Spark's ``hash`` refuses: a map (``HASH_MAP_TYPE``) or a variant
     (``HASH_VARIANT_TYPE``), or None."""
@@ -79,8 +91,7 @@ def unhashable_reason(data_type: Any) -> str | None:
     found = _unhashable(data_type)
     if found is None:
         return None
-    error = "HASH_MAP_TYPE" if found == "a map" else "HASH_VARIANT_TYPE"
-    return f"Spark cannot hash {found} ({error})"
+    return f"Spark cannot hash {found} ({_HASH_ERRORS[found]})"
 
 
 def unwritable_columns(schema: Any) -> list[str]:
@@ -115,8 +126,7 @@ def _unwritable(path: str, data_type: Any, problems: list[str]) -> None:
         if not data_type.fields:
             problems.append(f"{shown}: a struct without fields, which a Parquet file cannot hold; drop it")
             return
-        names = [f.name for f in data_type.fields]
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = repeated([f.name for f in data_type.fields])
         if twice:
             problems.append(
                 f"{shown}: a struct with more than one field named {', '.join(map(repr, twice))}, which Arrow and "
@@ -186,10 +196,9 @@ def arrow_zone(zone: str) -> str:
     if mapped is None:
         if _known_zone(zone):
             return zone
-        match = _JAVA_OFFSET.fullmatch(zone)
         if zone == "Z":
             mapped = "+00:00"
-        elif match and not int(match[4] or 0):
+        elif (match := _JAVA_OFFSET.fullmatch(zone)) and not int(match[4] or 0):
             mapped = f"{match[1]}{int(match[2]):02d}:{match[3] or '00'}"
     return mapped if mapped is not None and _known_zone(mapped) else zone
 

@@ -73,6 +73,7 @@ from .preflight import make_local_dir
 from .rollover import Rollover
 from .schema import (
     hashable_columns,
+    repeated,
     schema_problems,
     spark_schema_json,
     unhashable_reason,
@@ -466,15 +467,14 @@ class ExactlyOnceParquetSink:
                 "the batch has no columns, and a Parquet file needs at least one (Spark's own Parquet writer refuses "
                 "an empty schema too). Nothing of this batch was written. Select at least one column in the query."
             )
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = repeated(names)
         if twice:
             raise SchemaMismatchError(
                 f"the batch has more than one column named {', '.join(map(repr, twice))} (its columns: {names}); a "
                 "Parquet file's columns need distinct names. Nothing of this batch was written. Rename or drop the "
                 "repeated columns in the query (for example with alias after a join)."
             )
-        folded = [n.lower() for n in names]
-        alike = sorted({n for n, f in zip(names, folded, strict=True) if folded.count(f) > 1})
+        alike = repeated(names, fold=str.lower)
         if alike and not self._case_sensitive():
             raise SchemaMismatchError(
                 f"the batch has columns whose names differ only in case: {', '.join(map(repr, alike))}. The Spark "

@@ -174,15 +174,18 @@ class _PartitionWriter:
 # -- write_file ----------------------------------------------------------------------------------------------
 
 
+_SCHEMA_OPTIONS: dict[str, Any] = {"version": PARQUET_FORMAT_VERSION, "store_schema": True}
+"""The options that decide how a file's schema is written: shared by the files and the admission's check."""
+
+
 def parquet_options(task: FileTask, first: pa.Table) -> dict[str, Any]:
     """How the task's Parquet objects are encoded (``pyarrow.parquet.ParquetWriter`` keyword arguments), for an
     object whose first rows written are ``first`` (they choose the dictionary columns: :mod:`.dictionary`)."""
     return {
-        "version": PARQUET_FORMAT_VERSION,
+        **_SCHEMA_OPTIONS,
         "compression": task.compression,
         "use_dictionary": dictionary_columns(first, task.row_group_rows),
         "write_statistics": True,
-        "store_schema": True,
     }
 
 
@@ -204,7 +207,7 @@ def parquet_problem(schema: pa.Schema) -> str | None:
 
 
 def _open_on_memory(schema: pa.Schema) -> None:
-    pq.ParquetWriter(pa.BufferOutputStream(), schema, version=PARQUET_FORMAT_VERSION, store_schema=True).close()
+    pq.ParquetWriter(pa.BufferOutputStream(), schema, **_SCHEMA_OPTIONS).close()
 
 
 def file_schemas(task: FileTask) -> tuple[pa.Schema, list[str], pa.Schema]:
