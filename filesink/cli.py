@@ -2,7 +2,8 @@
 (inspect and repair a sink's state; :mod:`recovery.cli`). The reference is ``docs/cli.md``.
 
 Exit codes: 0 done, 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's state directory
-(``recover`` only), 130 stopped at once by a second Ctrl-C or SIGTERM (``run``).
+(``recover`` only), 5 a log segment the sink needs is missing or damaged, 130 stopped at once by a second Ctrl-C
+or SIGTERM (``run``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from recovery.cli import add_parser as add_recover
 from recovery.cli import recover
 
 from . import s3options
+from .argparsing import Parser
 from .errors import COMMAND_ERRORS, EXIT_FAILED, report
 
 _SIZE_UNITS: dict[str, float] = {
@@ -71,14 +74,15 @@ def _conf(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
     text = "stream a landing directory of Parquet, JSON or CSV files into exactly-once Parquet files"
     run = commands.add_parser(
         "run",
         help=text,
         description=text + ". Ctrl-C or SIGTERM stops after the batch in progress; what the log store still "
         "holds is written by the next run. Exit codes: 0 done or stopped, 1 failed, 2 bad usage, 3 another "
-        "query holds the state directory, 130 stopped at once by a second Ctrl-C.",
+        "query holds the state directory, 5 a log segment the sink needs is missing or damaged (see `filesink "
+        "recover status`), 130 stopped at once by a second Ctrl-C.",
     )
     run.add_argument("--input", required=True, type=Path, metavar="DIR", help="the landing directory to read")
     run.add_argument(
@@ -146,6 +150,19 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="let a new, empty state start at a batch id above 0 (its checkpoint has moved on): the rows a lost "
         "state held and had not written are not in the output; also for a new sink on a query that ran before",
     )
+    run.add_argument(
+        "--accept-duplicates",
+        action="store_true",
+        help="with --accept-state-loss: let batch 0 (a new checkpoint) write to an output that already holds rows, "
+        "which are then written again (refused without it)",
+    )
+    run.add_argument(
+        "--single-driver",
+        action="store_true",
+        help="go on where the log store's S3 server has no conditional create (ignores or refuses PUT with "
+        "If-None-Match: *), which otherwise stops the start: you promise that at most one driver or recover command "
+        "runs on this sink at a time, since nothing fences a second one",
+    )
     run.add_argument("--master", metavar="URL", help="Spark master, e.g. spark://host:7077 (default: local Spark)")
     run.add_argument(
         "--remote",
@@ -176,7 +193,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     s3options.add_arguments(run)
 
 
-def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_demo(commands: argparse._SubParsersAction[Any]) -> None:
     text = (
         "generate events, stream them through the sink, kill the job once mid-way and restart it, then verify "
         "with DuckDB that the output holds every input row exactly once"
@@ -201,7 +218,7 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="filesink", description="Exactly-once Parquet sink for Spark.")
+    parser = Parser(prog="filesink", description="Exactly-once Parquet sink for Spark.")
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     _add_run(commands)
     _add_demo(commands)
@@ -240,6 +257,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return demo(args.dir, files=args.files, rows=args.rows, s3=args.s3)
     if args.target_file_size is None and args.max_file_age is None:
         parser.error("--target-file-size and --max-file-age cannot both be off: files would never be closed")
+    if args.accept_duplicates and not args.accept_state_loss:
+        parser.error("--accept-duplicates is for a sink that replaces a lost one: give it with --accept-state-loss")
     if args.trigger is None:
         parser.error("--trigger needs an interval (use --available-now to run once)")
     if args.remote and args.master:
@@ -274,6 +293,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         spark_conf=dict(args.conf),
         log_store=args.log_store,
         accept_state_loss=args.accept_state_loss,
+        accept_duplicates=args.accept_duplicates,
+        single_driver=args.single_driver,
         remote=args.remote,
     )
     return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))

@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import EXIT_OK, InputError, SinkOptionError
 from .progress import _plural
-from .run import RunConfig, _reader, _report_failure, _signals, _watch, make_sink, stream_writer
+from .run import KILL_EXIT, RunConfig, _reader, _report_failure, _signals, _watch, make_sink, stream_writer
 
 
 class QueryProgress:
@@ -96,9 +96,21 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
 
         def ask_stop() -> None:
             stop.set()
-            console.print("stopping: the query stops on the server (Ctrl-C again stops at once; nothing is lost)")
+            console.print(
+                "stopping: the query stops on the server (Ctrl-C again stops at once; nothing is lost)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
-        with _signals(ask_stop):
+        def last_words() -> str:
+            return (
+                f"stopped at once (exit {KILL_EXIT}): the query on the server {_server(config.remote)} may still be "
+                f"running until its session ends; the sink's state is there, in {config.state_dir}, and `filesink "
+                f"recover status --state-dir {config.state_dir}` run there says what its log store holds. The next "
+                "run writes it. Nothing is lost."
+            )
+
+        with _signals(ask_stop, last_words):
             query = writer.start()
             progress = QueryProgress(console, query)
             failure = _watch(query, None, stop, progress)

@@ -80,6 +80,11 @@ class SinkDescription:
     compression: str
     accept_state_loss: bool
     checkpoint_location: str | None = None
+    single_driver: bool = False
+    """Go on where the log store's location has no conditional create (:mod:`logstore.conditional`): the
+    operator promises that at most one driver or recover command runs at a time."""
+    accept_duplicates: bool = False
+    """With ``accept_state_loss``: batch 0 (a new checkpoint) may write to an output that holds rows already."""
 
     @classmethod
     def checked(
@@ -99,6 +104,8 @@ class SinkDescription:
         checkpoint_location: str | None = None,
         *,
         remote: bool,
+        single_driver: bool = False,
+        accept_duplicates: bool = False,
     ) -> SinkDescription:
         """Check the options (nothing here touches a file system); ``remote``: made on a Spark Connect client,
         where relative local paths are refused (they would mean the server's working directory)."""
@@ -118,6 +125,12 @@ class SinkDescription:
             raise SinkOptionError(f"rollover must be a filesink.Rollover, not {type(rollover).__name__}")
         if not isinstance(row_group_rows, int) or row_group_rows < 1:
             raise SinkOptionError(f"row_group_rows must be a positive integer, not {row_group_rows!r}")
+        if accept_duplicates and not accept_state_loss:
+            raise SinkOptionError(
+                "accept_duplicates=True (filesink run --accept-duplicates) is for a sink that replaces one whose state "
+                "was lost: it lets batch 0 of a new checkpoint write to an output that holds rows already. Give it "
+                "with accept_state_loss=True (--accept-state-loss), or leave it out. Nothing was created."
+            )
         keys = _columns(key_columns, "key_columns")
         partitions = _columns(partition_by, "partition_by") or ()
         state = _absolute(os.fspath(state_dir), "state_dir", remote=remote)
@@ -157,6 +170,8 @@ class SinkDescription:
             compression=compression,
             accept_state_loss=bool(accept_state_loss),
             checkpoint_location=checkpoint_location,
+            single_driver=bool(single_driver),
+            accept_duplicates=bool(accept_duplicates),
         )
 
 

@@ -67,6 +67,11 @@ class OutputClaimedError(FileSinkError):
     """The output belongs to another sink (its ``_filesink.json`` names another sink id)."""
 
 
+class LogStoreMovedError(FileSinkError):
+    """The output belongs to this sink, but with its log store at another location (its ``_filesink.json`` names
+    it): this run's log store is a copy, or was moved (``filesink recover move-log-store`` records a move)."""
+
+
 class SinkLockedError(FileSinkError):
     """Another live query holds the sink's state directory."""
 
@@ -110,6 +115,19 @@ class SparkMasterError(FileSinkError):
     """The Spark master given with ``--master`` cannot be reached."""
 
 
+class StateBehindError(CheckpointMismatchError):
+    """A batch id more than one above the last sealed epoch: Spark numbers batches without gaps, so the sink's state
+    (state directory and log store) is behind the query's checkpoint, most likely restored from a backup. Refused
+    unless ``accept_state_loss=True``, which accepts that the rows of the skipped epochs not yet in files are lost
+    and that rows the restored state holds and the newer state had already written are written again."""
+
+
+class OutputHasRowsError(FileSinkError):
+    """A sink that replaces a lost one (``accept_state_loss=True``) got batch 0 while the output already holds
+    files: the query's checkpoint is new too, so it reads its input again from the start and every row the output
+    holds would be written twice. Refused unless ``accept_duplicates=True``."""
+
+
 __all__ = [
     "COMMAND_ERRORS",
     "EXIT_DAMAGED",
@@ -126,12 +144,15 @@ __all__ = [
     "FileSinkError",
     "FileWriteError",
     "InputError",
+    "LogStoreMovedError",
     "OutputClaimedError",
+    "OutputHasRowsError",
     "SchemaMismatchError",
     "SinkFailedError",
     "SinkLockedError",
     "SinkOptionError",
     "SparkMasterError",
+    "StateBehindError",
     "StateDatabaseError",
     "StateLostError",
     "StorageAccessError",

@@ -14,14 +14,15 @@ delete its rows (the vnodes' truncate points then say everything), so the tables
 Each transition is a compare-and-swap on the pending row: if it is gone, another writer or recovery got
 there first and :class:`CommitConflictError` is raised.
 
-The **writer term** (fencing generation, :mod:`filesink.output.fencing`) goes up by one at every sink start and
-every recovery run. Pre-commit and commit carry the term of the run that does them and are refused with
-:class:`FencedError` once a newer term exists, so a run from before a restart cannot change state.
+The **writer term** (fencing generation, :mod:`logstore.home`) goes up at every sink start and every recovery
+run. Pre-commit and commit carry the term of the run that does them and are refused with :class:`FencedError`
+once a newer term record exists in the durable home, so a run from before a restart cannot change state.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -224,8 +225,8 @@ class Ledger:
             return
         self.check_config(str(home["output"]), home.get("key_columns"), list(home.get("partition_by") or []))
         with self.db.atomic():  # the term the sink runs under now (a new term is taken above it at start)
-            published = self.store.home.published_term() or 0
-            self.db.execute("UPDATE sink_config SET writer_term = MAX(writer_term, ?)", (published,))
+            newest = self.store.home.newest_term() or 0
+            self.db.execute("UPDATE sink_config SET writer_term = MAX(writer_term, ?)", (newest,))
 
     def _write_home_record(self) -> None:
         """The sink's configuration, durable in the home (rebuild takes it from there)."""
@@ -301,12 +302,16 @@ class Ledger:
         return value
 
     @db_errors("take a new writer term")
-    def new_term(self) -> int:
+    def new_term(self, staging: str | None = None) -> int:
         """Take the next writer term: created in the durable home (a conditional create, above every term
-        recorded there and here), then recorded here (compare-and-swap). From now on, older terms are fenced
-        (once the caller publishes it)."""
+        recorded there and here), then recorded here (compare-and-swap). From now on, older terms are fenced.
+        The term record names this run's host and state database (``filesink recover apply``, holding the state
+        directory's lock, knows a run of its own state directory is not alive) and ``staging``, the local
+        output's staging directory this run's writers use, so any later run can fence them
+        (:func:`filesink.output.fence_writers`)."""
         current = self.term()
-        term = self.store.home.take_term(current)
+        holder = {"host": socket.gethostname(), "state": self.store.db_path}
+        term = self.store.home.take_term(current, {**holder, "staging": staging} if staging else holder)
         with self.db.atomic():
             cursor = self.db.execute("UPDATE sink_config SET writer_term = ? WHERE writer_term = ?", (term, current))
             if cursor.rowcount != 1:
@@ -451,9 +456,8 @@ class Ledger:
         pre-committed before the sink had a durable home) stays: recovery resolves it by visibility, which is
         right either way. Returns the names taken from the home."""
         recorded = {}
-        for relpath in self.store.home.names(FILES):
-            record = self.store.home.read(relpath)
-            if record is not None and relpath.endswith(".json"):
+        for relpath, record in self.store.home.records(FILES).items():
+            if relpath.endswith(".json"):
                 recorded[str(record["name"])] = record
         have = set(self.pending_names())
         added = [recorded[n] for n in sorted(set(recorded) - have)]

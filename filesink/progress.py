@@ -58,11 +58,24 @@ def size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def files_line(sizes: list[int]) -> str:
+def files_line(sizes: list[int], objects: int | None = None) -> str:
+    """The files committed: how many, as how many Parquet objects where that differs (a file of a partitioned
+    output is an object per partition directory), their size, the median and the last file's."""
     if not sizes:
         return "none yet"
     median = statistics.median(sizes)
-    return f"{len(sizes)} ({size(sum(sizes))}; median {size(median)}, last {size(sizes[-1])})"
+    parts = f", as {_plural(objects, 'Parquet object')}" if objects is not None and objects != len(sizes) else ""
+    return f"{len(sizes)}{parts} ({size(sum(sizes))}; median file {size(median)}, last {size(sizes[-1])})"
+
+
+def rows_line(stats: SinkStats) -> str:
+    """``12,000 rows in (3 batches)``, and the batches Spark ran again whose rows the log store already held."""
+    return f"{stats.rows_in:,} rows in ({batches_line(stats)})"
+
+
+def batches_line(stats: SinkStats) -> str:
+    again = f"; {_plural(stats.replayed, 'batch')} run again, already in the log store" if stats.replayed else ""
+    return f"{_plural(stats.batches, 'batch')}{again}"
 
 
 class Progress:
@@ -104,8 +117,8 @@ class Progress:
     def line(self) -> str:
         s = self.stats
         return (
-            f"epoch {s.last_epoch}: {s.rows_in:,} rows in ({_plural(s.batches, 'batch')}), log backlog "
-            f"{self._held().describe()}, files committed {files_line(s.file_sizes)}"
+            f"epoch {s.last_epoch}: {rows_line(s)}, log backlog {self._held().describe()}, files committed "
+            f"{files_line(s.file_sizes, s.objects)}"
         )
 
     def _held(self) -> Held:
@@ -124,9 +137,9 @@ class Progress:
         table.add_column(style="bold")
         table.add_column()
         table.add_row("epoch", str(s.last_epoch) if s.last_epoch >= 0 else "-")
-        table.add_row("rows in", f"{s.rows_in:,} in {_plural(s.batches, 'batch')}")
+        table.add_row("rows in", f"{s.rows_in:,} ({batches_line(s)})")
         table.add_row("log backlog", h.describe())
-        table.add_row("files committed", files_line(s.file_sizes))
+        table.add_row("files committed", files_line(s.file_sizes, s.objects))
         table.add_row("running", f"{time.monotonic() - self.started:,.0f} s")
         return Panel(table, title=self.title, expand=False)
 

@@ -12,6 +12,7 @@ the next start resolves whatever it interrupted.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -28,12 +29,13 @@ from logstore import LogStore, LogStoreError
 from logstore.storage import is_local
 
 from . import s3options
+from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
 from .preflight import check_input, check_master, check_s3, make_local_dir
-from .progress import Progress, _plural, files_line, held
+from .progress import Progress, files_line, held, rows_line
 from .rollover import Rollover
-from .sink import ExactlyOnceParquetSink
+from .sink import START_NOTICE, ExactlyOnceParquetSink
 
 KILL_EXIT = EXIT_INTERRUPTED
 """Exit status after a second Ctrl-C or SIGTERM: the process ends without waiting for the batch."""
@@ -65,6 +67,10 @@ class RunConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     log_store: str | None = None
     accept_state_loss: bool = False
+    accept_duplicates: bool = False
+    """``--accept-duplicates``: with ``--accept-state-loss``, batch 0 may write to an output that holds rows."""
+    single_driver: bool = False
+    """``--single-driver``: go on where the log store's location has no conditional create (``docs/recovery.md``)."""
     remote: str | None = None
     """A Spark Connect URL (``--remote``, or ``SPARK_REMOTE``): the job runs through that server, where every
     path is the server's (:mod:`filesink.connect_run`)."""
@@ -122,8 +128,9 @@ class _Batches:
 
 
 @contextmanager
-def _signals(on_first: Callable[[], None]) -> Iterator[None]:
-    """SIGINT and SIGTERM: the first calls ``on_first``; the second ends the process at once."""
+def _signals(on_first: Callable[[], None], last_words: Callable[[], str]) -> Iterator[None]:
+    """SIGINT and SIGTERM: the first calls ``on_first``; the second writes ``last_words()`` to stderr and ends
+    the process at once (written straight to the descriptor: a live progress panel or a buffer could hold it)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -133,7 +140,11 @@ def _signals(on_first: Callable[[], None]) -> Iterator[None]:
         nonlocal count
         count += 1
         if count > 1:
-            os._exit(KILL_EXIT)
+            try:
+                _end_local_jvm()  # first, so Spark's own last words do not come after ours
+                os.write(2, ("\n" + last_words() + "\n").encode())
+            finally:
+                os._exit(KILL_EXIT)
         on_first()
 
     before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -144,6 +155,38 @@ def _signals(on_first: Callable[[], None]) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def _end_local_jvm(deadline: float = 3.0) -> None:
+    """SIGKILL the local Spark JVM this process started, if any, and wait for it (at most ``deadline`` seconds).
+    Left alone, it notices its parent is gone only after this process exited, and prints stack traces of its
+    own shutdown after the last words of a stop at once. Under Spark Connect there is no local JVM."""
+    try:
+        from pyspark import SparkContext
+
+        proc = getattr(SparkContext._gateway, "proc", None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        proc.wait(timeout=deadline)
+    except Exception:  # the process ends now whatever happens here
+        return
+
+
+@contextmanager
+def _start_notices_said_here() -> Iterator[None]:
+    """Drop the sink's log records of what its start found (:data:`START_NOTICE`): :func:`_report_recovery` says
+    it once, in full."""
+    logger = logging.getLogger(sink_module.__name__)
+
+    def said_here(record: logging.LogRecord) -> bool:
+        return not getattr(record, START_NOTICE, False)
+
+    logger.addFilter(said_here)
+    try:
+        yield
+    finally:
+        logger.removeFilter(said_here)
+
+
 def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetSink:
     """The sink ``config`` describes (opened here, or under Spark Connect a description opened by the server)."""
     return ExactlyOnceParquetSink(
@@ -151,6 +194,8 @@ def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetS
         config.state_dir,
         log_store=config.log_store,
         accept_state_loss=config.accept_state_loss,
+        accept_duplicates=config.accept_duplicates,
+        single_driver=config.single_driver,
         key_columns=config.keys or None,
         partition_by=config.partition_by or None,
         parallelism=config.parallelism,
@@ -235,7 +280,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         check_s3(config.log_store, options, "log store")
     if config.master:
         check_master(config.master)
-    sink = make_sink(config, options)
+    with _start_notices_said_here():
+        sink = make_sink(config, options)
     spark = None
     try:
         _report_recovery(sink, out)
@@ -250,11 +296,9 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
 
         def ask_stop() -> None:
             stop.set()
-            console.print(
-                "stopping: waiting for the batch in progress (Ctrl-C again stops at once; nothing is lost either way)"
-            )
+            console.print(STOPPING, highlight=False, soft_wrap=True)
 
-        with _signals(ask_stop):
+        with _signals(ask_stop, lambda: stopped_at_once(config.state_dir)):
             query = writer.start()
             failure = _watch(query, batches, stop, Progress(console, sink.stats, config.state_dir, "filesink run"))
             if failure is not None:
@@ -264,8 +308,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         stats = sink.stats
         verb = "stopped" if stop.is_set() else "done"
         out(
-            f"{verb}: {stats.rows_in:,} rows in {_plural(stats.batches, 'batch')}; files committed "
-            f"{files_line(stats.file_sizes)}; {time.monotonic() - started:,.1f} s"
+            f"{verb}: {rows_line(stats)}; files committed {files_line(stats.file_sizes, stats.objects)}; "
+            f"{time.monotonic() - started:,.1f} s"
         )
     finally:
         sink.close()
@@ -277,6 +321,22 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     else:
         out("the log store holds nothing that is not in committed files")
     return EXIT_OK
+
+
+STOPPING = "stopping: waiting for the batch in progress (Ctrl-C again stops at once; nothing is lost either way)"
+
+
+def stopped_at_once(state_dir: Path) -> str:
+    """What a second Ctrl-C or SIGTERM prints as the process ends at once: what it left and what comes next."""
+    try:
+        left = f"the log store holds {held(state_dir).describe()} not yet in files"
+    except Exception as e:  # the process ends now whatever this says: never let the message stop it
+        left = f"what the log store holds could not be read ({type(e).__name__})"
+    return (
+        f"stopped at once (exit {KILL_EXIT}): the batch in progress, if any, was not committed, and Spark runs it "
+        f"again at the next start; {left}; the next run writes them, and its recovery at start resolves any file "
+        "this stop interrupted. Nothing is lost."
+    )
 
 
 def _watch(query: Any, batches: _Batches | None, stop: threading.Event, progress: Any) -> BaseException | None:

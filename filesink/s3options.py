@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 SECRET_OPTIONS = frozenset({"key", "secret", "token", "username", "password"})
@@ -150,3 +151,67 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
             _merge(into[key], value)
         else:
             into[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+# -- the S3 settings a state directory remembers -------------------------------------------------------------
+
+SETTINGS_FILE = "s3-settings.json"
+"""In a state directory: the S3 endpoint and region the sink last ran with (never a credential), so that
+``filesink recover --state-dir DIR`` reaches the same server without ``--s3-endpoint`` and ``--region``."""
+REMEMBERED = {
+    "endpoint_url": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "region_name": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+}
+"""The ``client_kwargs`` a state directory remembers, and the variables that, when set, win over them."""
+
+
+def settings_of(options: Mapping[str, Any]) -> dict[str, str]:
+    """The endpoint and region in storage ``options`` (``client_kwargs``, or s3fs's top-level ``endpoint_url``)."""
+    client = options.get("client_kwargs") or {}
+    found = {name: client.get(name) or (options.get(name) if name == "endpoint_url" else None) for name in REMEMBERED}
+    return {name: str(value) for name, value in found.items() if value}
+
+
+def remember(state_dir: Path, options: Mapping[str, Any]) -> None:
+    """Record in ``state_dir`` the endpoint and region of ``options`` (or that there are none)."""
+    from logstore.storage import write_durable
+
+    path = state_dir / SETTINGS_FILE
+    settings = settings_of(options)
+    if not settings:
+        path.unlink(missing_ok=True)
+        return
+    if remembered_settings(state_dir) != settings:
+        write_durable(path, [json.dumps(settings, indent=2, sort_keys=True).encode() + b"\n"])
+
+
+def remembered_settings(state_dir: Path) -> dict[str, str]:
+    """The settings :func:`remember` recorded in ``state_dir`` ({} if none or unreadable)."""
+    try:
+        found = json.loads((state_dir / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {name: str(found[name]) for name in REMEMBERED if isinstance(found.get(name), str) and found[name]}
+
+
+def with_remembered(
+    options: dict[str, Any], state_dir: Path | None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``options`` with the endpoint and region ``state_dir`` remembers filled in where neither the options nor
+    the AWS variables give one."""
+    if state_dir is None:
+        return options
+    env = os.environ if environ is None else environ
+    given = settings_of(options)
+    fill = {
+        name: value
+        for name, value in remembered_settings(state_dir).items()
+        if name not in given and not any(env.get(variable) for variable in REMEMBERED[name])
+    }
+    if not fill:
+        return options
+    result = dict(options)
+    result["client_kwargs"] = {**(options.get("client_kwargs") or {}), **fill}
+    return result

@@ -17,21 +17,26 @@ a file that is visible is committed, one that is not is dropped and its data wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pickle
+import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from logstore import NOTHING, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
+from logstore import NOTHING, STATE_DB_NAME, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
 from logstore.failpoints import failpoint
+from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
@@ -51,26 +56,34 @@ from .description import (
 from .errors import (
     BatchRefusedError,
     CheckpointMismatchError,
+    OutputClaimedError,
+    OutputHasRowsError,
     SchemaMismatchError,
     SinkFailedError,
     SinkOptionError,
+    StateBehindError,
     StateLostError,
 )
 from .ledger import Ledger, PlannedFile
-from .lock import StateLock
+from .lock import LOCK_FILE, StateLock
 from .output import (
+    CLAIM_NAME,
     OutputLocation,
     claim_output,
     forget_committed,
+    list_objects,
     prepare_staging,
     release_staging,
     remove_failed_attempts,
+    write_mark,
 )
 from .output.limits import key_limits
+from .output.location import OUTPUT_STAGING, STATE_STAGING, filesystem
 from .partitioning import SPARK_TYPES, unsupported_columns
 from .planner import file_task, plan
 from .preflight import make_local_dir
 from .rollover import Rollover
+from .s3options import remember
 from .schema import (
     hashable_columns,
     repeated,
@@ -83,6 +96,9 @@ from .sizing import Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
 log = logging.getLogger(__name__)
+START_NOTICE = "filesink_start_notice"
+"""Set on the log records that say, once at start, what the open found (a rebuilt state, rows given up):
+``filesink run`` prints the same in its own words and filters these out."""
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
@@ -98,8 +114,13 @@ class SinkStats:
     """Rows appended to the log store."""
     last_epoch: int = -1
     """The last epoch sealed (also from earlier runs)."""
+    replayed: int = 0
+    """Micro-batches Spark ran again after a crash whose rows the log store already held (not appended again)."""
     file_sizes: list[int] = field(default_factory=list)
-    """Sizes in bytes of the files committed, in commit order."""
+    """Sizes in bytes of the files committed, in commit order (a file's size is that of all its objects)."""
+    objects: int = 0
+    """Parquet objects of the files committed: a file of a partitioned output is one object per partition
+    directory it has rows for, else one object."""
 
     @property
     def files_committed(self) -> int:
@@ -125,7 +146,13 @@ class ExactlyOnceParquetSink:
         compression: str = "zstd",
         accept_state_loss: bool = False,
         checkpoint_location: str | None = None,
+        single_driver: bool = False,
+        accept_duplicates: bool = False,
     ) -> None:
+        """The options are described in ``docs/configuration.md``. ``single_driver``: go on where the log store's
+        location has no conditional create (an S3 server that ignores or refuses ``If-None-Match: *``), which
+        otherwise stops the start with ``ConditionalCreateError``; the operator then promises that at most one
+        driver or ``filesink recover apply`` runs on the sink at a time, since nothing fences a second one."""
         self._description = SinkDescription.checked(
             path,
             state_dir,
@@ -141,6 +168,8 @@ class ExactlyOnceParquetSink:
             accept_state_loss,
             checkpoint_location,
             remote=connect_client(),
+            accept_duplicates=accept_duplicates,
+            single_driver=single_driver,
         )
         if connect_client():
             self._describe()  # opens on the Spark Connect server, at its first batch there
@@ -188,6 +217,11 @@ class ExactlyOnceParquetSink:
         log_dir = [(Path(local_log), "the log store")] if log_store is None or is_local(log_store) else []
         for directory, what in made + log_dir:  # all checked before any is created
             make_local_dir(directory, what, create=False)
+        new_state = None
+        if not (state / STATE_DB_NAME).exists():  # a new state: refused starts leave nothing in it
+            self._refuse_claimed_output(options)  # reads only, before anything is created
+            staging = [Path(path) / OUTPUT_STAGING] if is_local(path) else []
+            new_state = _NewState.before(state, [p for p, _ in made + log_dir] + staging, log_store, options)
         for directory, what in made:
             make_local_dir(directory, what)
         row_group_rows, compression, accept_state_loss = d.row_group_rows, d.compression, d.accept_state_loss
@@ -195,6 +229,11 @@ class ExactlyOnceParquetSink:
         self._sample: Sample | None = None
         self._compression = compression
         self._accept_state_loss = bool(accept_state_loss)
+        self._accept_duplicates = bool(d.accept_duplicates)
+        self._take_over_from: str | None = None
+        """The sink whose output this one takes over at its first batch (accept_state_loss; see _defer_take_over)."""
+        self._created_claim = False
+        """Whether this start created the output's claim (it had none)."""
         self._lock = threading.RLock()
         try:
             self._state_lock = StateLock(state)
@@ -209,12 +248,25 @@ class ExactlyOnceParquetSink:
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
             self._ledger = Ledger(self._store)
 
-            def claim() -> None:
+            def claim(defer: bool = True) -> None:
                 where = f"state directory {state}"
-                claim_output(self._output, self._store.sink_id, state=where, take_over=self._accept_state_loss)
+                if defer and self._defer_take_over():
+                    return
+                claim_output(
+                    self._output,
+                    self._store.sink_id,
+                    state=where,
+                    take_over=self._accept_state_loss,
+                    log_store=self._store.location.canonical,
+                )
+                if new_state is not None:
+                    new_state.kept = True  # the output's claim names this sink now
 
+            self._claim = claim
             self._ledger.check_config(self.path, self.key_columns, self.partition_by, before_record=claim)
             claim()
+            if new_state is not None:
+                new_state.kept = True  # recovery writes the sink's first term, in the log store and the output
             self._epochs_since_sweep = 0
             self._term = 0
             self.recovered: RecoveryPlan | None = None
@@ -222,16 +274,31 @@ class ExactlyOnceParquetSink:
             self._recover()
             self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)
             self._backlog = BacklogTracker(self._store)
+            self._remember_s3_settings(options)
         except BaseException:
             store = getattr(self, "_store", None)
             if store is not None:
+                if store.term is not None:  # this run took a term and stops: not a live owner
+                    with contextlib.suppress(Exception):
+                        store.home.close_term(store.term)
                 store.close()
+            if new_state is not None:
+                new_state.remove_created()  # a refused start of a new state leaves it as it was
             self._state_lock.release()
             raise
         self._closed = False
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self._timer_error: BaseException | None = None
+
+    def _remember_s3_settings(self, options: Mapping[str, Any]) -> None:
+        """Record the S3 endpoint and region in the state directory, for ``filesink recover`` (a convenience: a
+        failure is logged, never fatal)."""
+        on_s3 = not is_local(self.path) or not is_local(self._description.log_store or "")
+        try:
+            remember(self.state_dir, options if on_s3 else {})
+        except OSError as e:
+            log.warning("could not record the S3 endpoint and region in %s: %s", self.state_dir, e)
 
     # -- foreachBatch ----------------------------------------------------------------------------------
 
@@ -253,6 +320,8 @@ class ExactlyOnceParquetSink:
                 self.stats.batches += 1
                 self.stats.rows_in += sum(d.rows for d in descriptors)
                 self.stats.last_epoch = batch_id
+            else:
+                self.stats.replayed += 1
             self._roll(force=False)
             self._start_timer()
 
@@ -287,15 +356,137 @@ class ExactlyOnceParquetSink:
                 "that those rows are not in the output (or when this is a new sink for a query that ran before), "
                 "create the sink with accept_state_loss=True (filesink run --accept-state-loss)."
             )
+        if last != NOTHING and batch_id > last + 1:  # Spark never skips a batch id: the state is behind
+            self._check_gap(batch_id, last)
+        if last == NOTHING and batch_id == 0 and self._accept_state_loss and not self._accept_duplicates:
+            self._refuse_output_with_rows()
         if batch_id < last:
             raise CheckpointMismatchError(
                 f"batch {batch_id} arrived, but epoch {last} is already sealed in {self.state_dir}. This happens "
                 "when the query's checkpoint was reset or deleted, or when a second query writes through this "
                 "state directory. Restore the checkpoint, or give the query a new state directory and output."
             )
+        if self._take_over_from is not None:  # deferred from the start (see _defer_take_over)
+            self._claim(defer=False)
+            self._take_over_from = None
         if query_id and recorded is None:
             self._ledger.record_query_id(query_id)
         return last
+
+    def _check_gap(self, batch_id: int, last: int) -> None:
+        """Refuse a batch id beyond the next one (unless accept_state_loss): the query's checkpoint is ahead of the
+        sink's state, which most likely was restored from a backup."""
+        first, end = last + 1, batch_id - 1
+        missing = f"batch {first}" if first == end else f"batches {first} to {end}"
+        where = f"state directory {self.state_dir}, log store {self._store.location.canonical}"
+        if self._accept_state_loss:
+            log.warning(
+                "sink %s: batch %d arrived after epoch %d (%s): %s never reached this state; going on "
+                "(accept_state_loss): their rows not in files are lost, and rows this state holds that were written "
+                "to files after its backup are written again",
+                self._store.sink_id,
+                batch_id,
+                last,
+                where,
+                missing,
+            )
+            return
+        raise StateBehindError(
+            f"batch {batch_id} arrived, but the last epoch this sink sealed is {last} ({where}). Spark numbers "
+            f"batches without gaps, so the query's checkpoint is past {missing}, which this state never saw: the "
+            "state is behind the checkpoint. Most likely the state directory or the log store was restored from a "
+            "backup (or a disk snapshot) older than the checkpoint, or the checkpoint comes from another run of the "
+            "query. Nothing was written. Restore the newest state directory and log store (the ones the query used "
+            "last) and start again. Or, to go on from this state, create the sink with accept_state_loss=True "
+            f"(filesink run --accept-state-loss), which accepts two things: the rows of {missing} that were not yet "
+            "in committed files are lost (not in the output), and rows this state holds that the newer state had "
+            "already written to files after the backup are written again (in the output twice)."
+        )
+
+    def _refuse_output_with_rows(self) -> None:
+        """Batch 0 at a sink that replaces a lost one: the query's checkpoint is new too, so it reads its input
+        again from the start. Refuse if the output holds files already (their rows would be written twice)."""
+        files, rows, why = _output_rows(self._output)
+        if not files:
+            return
+        held = f"{rows:,} rows in {files:,} Parquet files" if rows is not None else f"{files:,} Parquet files"
+        if rows is None:
+            held += f" (their row counts could not be read: {why})"
+        owner = f" of sink {self._take_over_from}" if self._take_over_from else ""
+        claim = ""
+        if self._take_over_from:
+            claim = f" and its claim {CLAIM_NAME} still names sink {self._take_over_from}"
+        elif self._created_claim:
+            claim = f" but for its claim {CLAIM_NAME}, which this start created (the output had none)"
+        raise OutputHasRowsError(
+            f"batch 0 arrived at a sink created with accept_state_loss=True to take over the output {self.path}"
+            f"{owner}, which holds {held}. Batch 0 means the query's checkpoint is new too (lost with the state, "
+            "or replaced; filesink run keeps it in the state directory unless --checkpoint is given), so the query "
+            "reads its input again from the start, and the rows the output holds would be written a second time. "
+            f"Nothing of this batch was written: the output is unchanged{claim}. Choose one: a new output (with a "
+            "new state directory), which gets every input row once; or the query's old checkpoint, if it still "
+            "exists (checkpointLocation; filesink run --checkpoint DIR), with which the query goes on from its next "
+            "batch; or, to write those rows again knowingly (readers then see them twice), add "
+            "accept_duplicates=True (filesink run --accept-duplicates). "
+            f"{self._left_state()}"
+        )
+
+    def _left_state(self) -> str:
+        """What a start of this sink left, for a refusal at its first batch."""
+        names = sorted(n for n in _listdir(self.state_dir) if n in _STATE_NAMES or n == "log")
+        text = f"This sink's state in {self.state_dir} ({', '.join(names)}) holds nothing sealed"
+        location = self._store.location
+        if not is_local(location.url) or Path(location.canonical).parent != self.state_dir:
+            text += f", and its log store at {location.canonical} only its empty durable home"
+        return (
+            text + ": safe to delete once the sink is closed (the query stopped), or to keep, since a start with "
+            "it goes on as one with a new state does."
+        )
+
+    def _defer_take_over(self) -> bool:
+        """Whether the start of a sink that replaces a lost one (accept_state_loss) leaves the output's claim for
+        its first batch: a new sink that holds nothing does, when another sink claimed the output. Only the batch id
+        says whether the query's checkpoint is new too (batch 0), in which case the output keeps its claim
+        (:meth:`_refuse_output_with_rows`). Records whether the output had a claim."""
+        if not self._accept_state_loss:
+            return False
+        claimed, _ = _claim_of(self._output.url, self._output.storage_options, CLAIM_NAME)
+        self._created_claim = self._created_claim or claimed is None  # claim() runs twice at a first start
+        if claimed is None or claimed == self._store.sink_id:
+            return False
+        if self._store.rebuilt or self._store.last_sealed_epoch != NOTHING:
+            return False  # a sink that holds rows takes the output over at its start: recovery may write files
+        self._take_over_from = claimed
+        return True
+
+    def _refuse_claimed_output(self, options: Mapping[str, Any]) -> None:
+        """Refuse, before anything is created, a new state (no state database yet) for an output another sink
+        claimed, unless its log store is that sink's durable home (the sink is rebuilt from it) or
+        accept_state_loss. Reads only; a store that cannot be read fails here, as the start would."""
+        d = self._description
+        if d.accept_state_loss:
+            return
+        location = d.log_store or str(self.state_dir / "log")
+        # A store that cannot be read fails here as it would at the start's own read (nothing is created yet).
+        claimed, where = _claim_of(d.path, options, CLAIM_NAME)
+        if claimed is None:
+            return
+        home, _ = _claim_of(location, options, CLAIM_FILE)
+        if home == claimed:
+            return
+        this = f"sink {home}, whose log store is {location}" if home else "sink"
+        raise OutputClaimedError(
+            f"the output {d.path} belongs to sink {claimed} (its {where}), not to this {this} "
+            f"(state directory {self.state_dir}, which holds no state yet). Two sinks writing to one output would "
+            "both write their rows there, and readers would see both. Nothing was written or deleted, and nothing "
+            "was created in the state directory. Give this sink an output of its own, or start the sink that owns "
+            "the output with its state directory or its log store (log_store=, filesink run --log-store: a sink "
+            "whose log store outlived it rebuilds from there). If that sink's state is lost for good (its state "
+            "directory held its log store), this sink can replace it with accept_state_loss=True (filesink run "
+            "--accept-state-loss): the rows that state held and had not written yet are then not in the output. "
+            "That needs the query's checkpoint to have survived: a query that starts again at batch 0 would write "
+            "the rows the output holds a second time, and is refused (OutputHasRowsError)."
+        )
 
     def check_schema(self, schema: Any) -> None:
         """Raise :class:`SchemaMismatchError` (or :class:`SinkOptionError`) if batches of the Spark ``schema`` would
@@ -357,6 +548,10 @@ class ExactlyOnceParquetSink:
             self._timer.join(timeout=60)
         with self._lock:
             release_staging(self._output, self._term)
+            try:  # no longer a live owner: `filesink recover apply` need not wait for this run
+                self._store.home.close_term(self._term)
+            except Exception as e:
+                log.warning("could not record in the durable home that writer term %d stopped: %s", self._term, e)
             self._store.close()
             self._state_lock.release()
         forget(self)
@@ -669,6 +864,7 @@ class ExactlyOnceParquetSink:
             damage = diagnose(self._store, e, None, "plan files")
             if damage is None:
                 raise
+            self._store.check_term("plan files")  # segments a newer owner released are not damage
             raise damage from e
         written: dict[str, list[WrittenObject]] = {}
         if files:
@@ -682,6 +878,7 @@ class ExactlyOnceParquetSink:
                 damage = diagnose(self._store, e, files, f"write {len(files)} files")
                 if damage is None:
                     raise
+                self._store.check_term(f"write {len(files)} files")  # released by a newer owner: not damage
                 raise damage from e
             failpoint("filesink.write.after")
         sizes = {name: sum(o.size for o in objects) for name, objects in written.items()}
@@ -690,7 +887,9 @@ class ExactlyOnceParquetSink:
         self._ledger.commit(files, sizes, idle, self._term)
         if files:
             failpoint("filesink.commit.after")
+            write_mark(self._output, self._store.sink_id, self._store.truncate_points())
             self.stats.file_sizes.extend(sizes[f.name] for f in files)
+            self.stats.objects += sum(len(written[f.name]) for f in files)
             forget_committed(self._store.storage, self._term, written)
             self._remove_failed_attempts(written)
         self._epochs_since_sweep += 1
@@ -715,7 +914,13 @@ class ExactlyOnceParquetSink:
         """Take a new writer term (fencing earlier writers), resolve files left pending by an earlier run,
         remove garbage, and prepare this term's staging directory."""
         done = apply_recovery(
-            self._store, self._ledger, self._output, partitioned=bool(self.partition_by), file_task=self._file_task
+            self._store,
+            self._ledger,
+            self._output,
+            partitioned=bool(self.partition_by),
+            file_task=self._file_task,
+            single_driver=self._description.single_driver,
+            accept_duplicates=self._description.accept_duplicates,
         )
         assert done.term is not None
         self._term = done.term
@@ -723,7 +928,7 @@ class ExactlyOnceParquetSink:
         self.given_up = self._store.given_up()
         """The damaged segments given up so far (``filesink recover apply --drop-damaged``), said once at start."""
         if self.given_up:
-            log.warning("sink %s: %s", self._store.sink_id, given_up_line(self.given_up))
+            log.warning("sink %s: %s", self._store.sink_id, given_up_line(self.given_up), extra={START_NOTICE: True})
         if self._store.rebuilt:
             held = self._store.held_totals()
             log.warning(
@@ -736,6 +941,7 @@ class ExactlyOnceParquetSink:
                 held.epochs,
                 held.rows,
                 len(done.from_home),
+                extra={START_NOTICE: True},
             )
         prepare_staging(self._output, self._term)
 
@@ -775,6 +981,130 @@ def _described(description: SinkDescription) -> ExactlyOnceParquetSink:
     sink._description = description
     sink._describe()
     return sink
+
+
+def _claim_of(url: str, options: Mapping[str, Any], name: str) -> tuple[str | None, str]:
+    """The sink the claim ``name`` at ``url`` names (an output's ``_filesink.json``, a log store's ``sink.json``;
+    None if there is none), and the claim's full path. Reads only."""
+    storage = LogLocation(url, dict(options) if not is_local(url) else {}).open()
+    try:
+        data = storage.read_all(name)
+    except FileNotFoundError:
+        return None, storage.display(name)
+    try:
+        return str(json.loads(data)["sink_id"]), storage.display(name)
+    except (ValueError, KeyError, TypeError):
+        return f"unreadable ({data[:80]!r})", storage.display(name)
+
+
+def _output_rows(output: OutputLocation) -> tuple[int, int | None, str]:
+    """How many Parquet files a reader of the output sees (none under a name that starts with ``_`` or ``.``), and
+    their rows, from the files' footers (None, and why, if a footer cannot be read)."""
+    keys = [k for k, _ in list_objects(output) if k.endswith(".parquet") and not _hidden(k)]
+    if not keys:
+        return 0, 0, ""
+    try:
+        if output.is_local:
+            root = output.local_root()
+            return len(keys), sum(pq.read_metadata(root / k).num_rows for k in keys), ""
+        fs, prefix = filesystem(output)
+
+        def rows(key: str) -> int:
+            with fs.open(f"{prefix}/{key}", "rb") as f:
+                return int(pq.ParquetFile(f).metadata.num_rows)
+
+        with ThreadPoolExecutor(16) as pool:
+            return len(keys), sum(pool.map(rows, keys)), ""
+    except Exception as e:
+        return len(keys), None, f"{type(e).__name__}: {e}"
+
+
+def _hidden(key: str) -> bool:
+    """Whether readers skip the object ``key`` (a name in its path starts with ``_`` or ``.``)."""
+    return any(part.startswith(("_", ".")) for part in key.split("/"))
+
+
+_STATE_NAMES = frozenset(
+    [STATE_DB_NAME, LOCK_FILE, STATE_STAGING, *(f"{STATE_DB_NAME}-{x}" for x in ("wal", "shm", "journal"))]
+)
+"""What a sink's start creates in its state directory, but its log store (``log/`` by default)."""
+
+
+def _listdir(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@dataclass
+class _NewState:
+    """A new state directory (no state database yet) as a start found it, before it created anything: a start
+    refused before it wrote outside what it can remove (the output's claim, recovery's first term) removes what it
+    created, so that the refusal's "nothing was written" holds, and a later start is new again."""
+
+    state: Path
+    entries: frozenset[str]
+    """The names in the state directory before the start."""
+    absent: list[Path]
+    """Directories the start may create that did not exist (the state directory, a local output and its
+    staging directory, a local log store, and their parents), deepest first: removed if empty."""
+    log_dir: Path | None
+    """A local log store that held no sink's claim (so nothing else writes there)."""
+    log_entries: frozenset[str]
+    """The names in ``log_dir`` before the start."""
+    kept: bool = False
+    """Set once the start wrote what it does not remove: then it removes nothing."""
+
+    @classmethod
+    def before(
+        cls, state: Path, directories: list[Path], log_store: str | None, options: Mapping[str, Any]
+    ) -> _NewState:
+        absent: set[Path] = set()
+        for directory in directories:
+            for place in (directory, *directory.parents):
+                if place.exists():
+                    break
+                absent.add(place)
+        location = log_store or str(state / "log")
+        kept = False
+        log_dir = None
+        if is_local(location):
+            log_dir = Path(LogLocation(location).canonical)
+            if (log_dir / CLAIM_FILE).exists():
+                log_dir = None  # a sink's log store (rebuilt from): the start does not add to it before it claims
+        else:
+            # the start claims a new log store's location (its sink.json), which is not removed
+            kept = _claim_of(location, options, CLAIM_FILE)[0] is None
+        return cls(
+            state=state,
+            entries=frozenset(_listdir(state)),
+            absent=sorted(absent, key=lambda p: len(p.parts), reverse=True),
+            log_dir=log_dir,
+            log_entries=frozenset(_listdir(log_dir)) if log_dir is not None else frozenset(),
+            kept=kept,
+        )
+
+    def remove_created(self) -> None:
+        """Remove what the start created (under the state directory's lock), unless it wrote elsewhere too."""
+        if self.kept:
+            return
+        for name in set(_listdir(self.state)) - self.entries:
+            if name in _STATE_NAMES:
+                _remove(self.state / name)
+        if self.log_dir is not None:
+            for name in set(_listdir(self.log_dir)) - self.log_entries:
+                _remove(self.log_dir / name)
+        for directory in self.absent:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
 
 
 def default_parallelism(spark: Any) -> int:

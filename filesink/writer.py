@@ -314,16 +314,21 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
         return writer
 
     try:
-        for item in read_plan(task.log.open(), task.plan):
-            batch = conform(item.batch, schema, task, item)
-            if batch.num_rows == 0:
-                continue
-            try:
-                pieces = split_partitions(batch, task.partition_by, data_columns, legacy=task.legacy_names)
-            except (pa.ArrowException, ValueError, TypeError) as e:
-                raise FileWriteError(f"file {task.name}: cannot split rows by {list(task.partition_by)}: {e}") from e
-            for directory, rows in pieces:
-                partition(directory).add(rows)
+        # On an object store the log is read ahead by threads (logstore.reader): closing the read stops them as soon
+        # as this loop fails, before the objects are aborted.
+        with contextlib.closing(read_plan(task.log.open(), task.plan)) as batches:
+            for item in batches:
+                batch = conform(item.batch, schema, task, item)
+                if batch.num_rows == 0:
+                    continue
+                try:
+                    pieces = split_partitions(batch, task.partition_by, data_columns, legacy=task.legacy_names)
+                except (pa.ArrowException, ValueError, TypeError) as e:
+                    raise FileWriteError(
+                        f"file {task.name}: cannot split rows by {list(task.partition_by)}: {e}"
+                    ) from e
+                for directory, rows in pieces:
+                    partition(directory).add(rows)
         if not task.partition_by and not partitions:
             partition("")  # exactly one object, even without rows
         ordered = [partitions[d] for d in sorted(partitions, key=lambda d: partitions[d].key)]
@@ -337,6 +342,7 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
                     raise FileWriteError(
                         f"file {task.name}: cannot record object {writer.key} in the log store: {e}"
                     ) from e
+        target.check()  # fenced since it started? (a newer run's term record, or its staging renamed away)
         for writer in ordered:
             writer.publish()
         try:

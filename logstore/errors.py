@@ -78,9 +78,21 @@ class LogStoreClaimedError(StateMismatchError):
 
 
 class FencedError(LogStoreError):
-    """A run of the sink holds a writer term that is no longer the published one: a newer run (maybe on another
-    machine) started, and this run must not seal, pre-commit, commit or delete anything."""
+    """A run of the sink holds a writer term below the newest term record: a newer run (maybe on another machine,
+    or ``filesink recover apply``) took ownership, and this run must not seal, pre-commit, commit or delete."""
+
+
+class StateDivergedError(StateMismatchError):
+    """The state database holds sealed epochs that the durable home does not count: it was changed by a run that
+    no longer owned the sink. Start from an empty state directory (rebuilt from the home)."""
 
 
 class HomeRecordError(LogStoreError):
     """A record of the sink's durable home (``home/`` in the log store's location) cannot be read."""
+
+
+class ConditionalCreateError(LogStoreError):
+    """The log store's location does not honour a conditional create (S3: a PUT with ``If-None-Match: *`` that
+    replaced the object, or was refused), so the writer term records that make a run the sink's one owner are
+    not exclusive. Raised at start unless single-driver operation is accepted
+    (:func:`logstore.conditional.require_conditional_create`)."""

@@ -4,8 +4,9 @@ The state database (in ``state_dir``) is the working copy; everything it holds t
 made durable here, so a sink started on another machine (or after its state directory was lost) rebuilds its
 database from the home and recovers as usual. Under ``home/`` in the log store's location:
 
-- ``terms/<T>.json``: one record per writer term, created with a conditional create when a run starts. Once
-  the run has read the home, it adds ``base``: the last sealed epoch it adopted;
+- ``terms/<T>.json``: one record per writer term, created only if absent (a conditional create) when a run
+  starts. Once the run has read the home, it adds ``base``: the last sealed epoch it adopted; as it works, it
+  renews ``alive_at`` (``filesink recover apply`` refuses while the owner is alive);
 - ``epochs/<E>.json``: each sealed epoch's segment list, written before the database records the seal;
 - ``truncated/<T>.json``: per vnode, the truncate point, written by term ``T`` after its commits; the durable
   truncate point of a vnode is the highest over these records (each is a fact: a file covering it is visible);
@@ -17,14 +18,20 @@ database from the home and recovers as usual. Under ``home/`` in the log store's
   before the state database drops the segment, never deleted: a rebuild never takes the segment again, and
   ``filesink recover status`` reports it for the sink's life.
 
-``writers/term`` holds the term writers and drivers check against (published after the term is taken).
+**Ownership is one fact: the newest term record.** A run owns the sink from the moment it creates the record
+of a term above every recorded one, until a newer one exists. Every fence check (seal, pre-commit, commit,
+drop, truncation, sweep, give-up, and each file writer before it publishes) asks "is there a term record above
+mine?" (one listing of ``terms/``); no pointer is compared, so nothing an older run writes moves ownership
+back. Term records are pruned only below the pruning run's own term, so the newest always stays.
+``writers/term``, a pointer earlier versions published, is read only as a lower bound for new terms.
 
 **Which epoch records count.** A driver from before a restart may still write a record after the newer run
 read the home (split brain). Let ``B`` be the newest term that recorded its base. A record of term ``B`` or
 newer counts; a record of an older term counts only if its epoch is at most ``B``'s base: anything an older
 term wrote above it came after the newer run read the home, and the newer run ignores it (and deletes it).
-Every change a driver makes here is preceded and followed by a check of the published term, so a fenced
-driver stops at its next step; conditional creates, where the store has them, close the race further.
+Every change a driver makes here is preceded and followed by a term check, so a fenced driver stops at its
+next step. A store that does not create only if absent cannot host two runs: start-up probes it
+(:mod:`logstore.conditional`).
 
 Records are pruned with truncation: the home holds open work and the last sealed epoch, not history.
 """
@@ -41,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FencedError, HomeRecordError
-from .storage import Storage
+from .storage import Storage, is_temp_name
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +62,10 @@ FILES = f"{HOME}/files"
 SINK_RECORD = f"{HOME}/sink.json"
 GIVEN_UP = f"{HOME}/given_up"
 TERM_FILE = "writers/term"
-"""The published writer term, read by file writers (which have no state database) and checked by drivers."""
+"""Where earlier versions published the writer term; read only as a lower bound for a new term."""
 TAKE_TERM_ATTEMPTS = 20
+READ_ATTEMPTS = 10
+"""Listings of a prefix of the home before a reader gives up on records that keep vanishing under it."""
 
 
 def is_home_record(relpath: str) -> bool:
@@ -161,53 +170,115 @@ class DurableHome:
         self.storage.delete(relpath)
 
     def names(self, prefix: str) -> list[str]:
-        return sorted(relpath for relpath, _ in self.storage.list_files(prefix))
+        """The records under ``prefix``; a temp file a crash or a full disk left beside them is not one."""
+        return sorted(relpath for relpath, _ in self.storage.list_files(prefix) if not is_temp_name(relpath))
 
     def exists(self) -> bool:
         """Whether the home holds any record of a sink."""
         return any(True for _ in self.storage.list_files(HOME))
 
-    # -- terms -------------------------------------------------------------------------------------------
+    # -- terms: ownership ------------------------------------------------------------------------------
 
-    def published_term(self) -> int | None:
+    def legacy_published_term(self) -> int | None:
+        """The term an earlier version published in ``writers/term`` (a lower bound for new terms only: ownership
+        is the newest term record, never this pointer)."""
         try:
             return int(self.storage.read_all(TERM_FILE).decode().strip())
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError):
             return None
 
-    def publish_term(self, term: int) -> None:
-        self.storage.put(TERM_FILE, str(term).encode())
+    def newest_term(self) -> int | None:
+        """The newest term record: its run owns the sink (one listing)."""
+        found = [t for t in (_number(p, 10) for p in self.names(TERMS)) if t is not None]
+        return max(found) if found else None
 
     def check_term(self, term: int, action: str) -> None:
-        """Raise :class:`FencedError` unless ``term`` is still the published term."""
-        current = self.published_term()
-        if current is not None and current != term:
+        """Raise :class:`FencedError` if a term above ``term`` was taken: the one fact of ownership is the newest
+        term record (created only if absent), so this asks "is there a term above mine?", never "is a pointer
+        equal to mine?", and nothing an older run writes can move ownership back."""
+        newest = self.newest_term()
+        if newest is not None and newest > term:
             raise FencedError(
-                f"cannot {action}: this run holds writer term {term}, but the sink has since started again (term "
-                f"{current}, published in {self.storage.display(TERM_FILE)}), maybe on another machine. The newer "
-                "run owns the sink now; this one must stop. Nothing was changed."
+                f"cannot {action}: this run holds writer term {term}, but a newer run took term {newest} "
+                f"({self.storage.display(term_path(newest))}), maybe on another machine or by `filesink recover "
+                "apply`. The newer run owns the sink now; this one must stop. Nothing was changed by this step."
             )
 
     def terms(self) -> dict[int, dict[str, Any]]:
         """Every term record, by term."""
         found: dict[int, dict[str, Any]] = {}
-        for relpath in self.names(TERMS):
+        for relpath, record in self.records(TERMS).items():
             term = _number(relpath, 10)
             if term is not None:
-                found[term] = self.read(relpath) or {}
+                found[term] = record
         return found
 
-    def take_term(self, at_least: int) -> int:
-        """Create the record of a new term above every recorded one and above ``at_least``; return it."""
-        known = max([at_least, self.published_term() or 0, *self.terms()])
+    def records(self, prefix: str) -> dict[str, Any]:
+        """Every record under ``prefix``, by path, as of one listing in which none went missing: a record is
+        deleted only once a newer one holds what it held (another run may be compacting or pruning right now),
+        so one that vanishes between the listing and its read means listing again, never reading it as empty."""
+        for _ in range(READ_ATTEMPTS):
+            found = {relpath: self.read(relpath) for relpath in self.names(prefix)}
+            if all(record is not None for record in found.values()):
+                return found
+        raise HomeRecordError(
+            f"the records under {self.storage.display(prefix)} kept changing while this run read them "
+            f"({READ_ATTEMPTS} listings): another run of the sink is changing its durable home right now. Stop the "
+            "other run (only one may own the sink), then start this one again."
+        )
+
+    def take_term(self, at_least: int, extra: Mapping[str, Any] | None = None) -> int:
+        """Create the record of a new term above every recorded one and above ``at_least`` (with ``extra``
+        fields); return it. The run that creates it owns the sink from then on (older runs are fenced at their
+        next check)."""
+        known = max([at_least, self.legacy_published_term() or 0, *self.terms()])
         for term in range(known + 1, known + 1 + TAKE_TERM_ATTEMPTS):
-            record = {"term": term, "nonce": uuid.uuid4().hex, "started_at": time.time()}
-            if self.create(term_path(term), record):
-                return term
+            nonce = uuid.uuid4().hex
+            now = time.time()
+            record = {**(extra or {}), "term": term, "nonce": nonce, "started_at": now, "alive_at": now}
+            if not self.create(term_path(term), record):
+                continue
+            found = self.read(term_path(term)) or {}
+            if found.get("nonce") != nonce:  # a store that ignored the condition let another run replace it
+                raise FencedError(
+                    f"two runs took writer term {term} at once in {self.storage.display(TERMS)}: the store replaced "
+                    "this run's term record, so it does not create records only if absent (conditional create). "
+                    "Stop the other run of this sink, and see the runbook for a server without conditional create."
+                )
+            return term
         raise FencedError(
             f"could not take a writer term above {known} in {self.storage.display(TERMS)}: {TAKE_TERM_ATTEMPTS} "
             "other runs took the next ones first. Stop the other runs of this sink, then start it again."
         )
+
+    def renew(self, term: int) -> None:
+        """Record that the run of ``term`` is alive now (``alive_at`` in its term record); see :meth:`live_owner`."""
+        record = self.read(term_path(term))
+        if record is None:
+            return  # pruned by a newer run: this one is fenced, and finds out at its next check
+        record["alive_at"] = time.time()
+        self.write(term_path(term), record)
+
+    def live_owner(self, lease: float) -> tuple[int, float, dict[str, Any]] | None:
+        """The newest term, the seconds since its run last showed it was alive, and its record, if that is less
+        than ``lease`` and the run did not stop cleanly (a run renews its record as it works:
+        :meth:`logstore.LogStore.check_term`)."""
+        newest = self.newest_term()
+        if newest is None:
+            return None
+        record = self.read(term_path(newest)) or {}
+        alive_at = record.get("alive_at", record.get("started_at"))
+        if not isinstance(alive_at, (int, float)) or record.get("closed"):
+            return None
+        age = time.time() - float(alive_at)
+        return (newest, age, record) if age < lease else None
+
+    def close_term(self, term: int) -> None:
+        """Record that the run of ``term`` stopped cleanly (it is no longer a live owner)."""
+        record = self.read(term_path(term))
+        if record is not None:
+            record["closed"] = time.time()
+            self.write(term_path(term), record)
 
     def record_base(self, term: int, base: int) -> None:
         """Record that term ``term`` adopted every epoch up to ``base`` (and none above it) from the home."""
@@ -230,17 +301,15 @@ class DurableHome:
         newest = max(based) if based else None
         base = based[newest] if newest is not None else None
         view = HomeView(newest, base)
-        for relpath in self.names(EPOCHS):
+        for relpath, record in self.records(EPOCHS).items():
             epoch = _number(relpath, 20)
-            record = self.read(relpath) if epoch is not None else None
-            if epoch is None or record is None:
+            if epoch is None:
                 continue
             if self._counts(int(record.get("term", 0)), epoch, newest, base):
                 view.epochs.append(record)
             else:
                 view.stale_epochs.append(epoch)
-        for relpath in self.names(TRUNCATED):
-            record = self.read(relpath) or {}
+        for record in self.records(TRUNCATED).values():
             term = int(record.get("term", 0))
             for vnode, epoch in enumerate(record.get("points", [])):
                 point = int(epoch)

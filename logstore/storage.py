@@ -16,6 +16,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
@@ -25,6 +26,13 @@ log = logging.getLogger(__name__)
 
 TEMP_MARK = ".tmp-"
 """Local temp files are named ``.<final name>.tmp-<random>`` next to their final name."""
+
+
+def is_temp_name(relpath: str) -> bool:
+    """Whether ``relpath`` names a local temp file (one a crash may leave behind), never a record or segment."""
+    base = relpath.rsplit("/", 1)[-1]
+    return base.startswith(".") and TEMP_MARK in base
+
 
 Bytes = bytes | bytearray | memoryview | Any  # pyarrow Buffers support the buffer protocol too
 
@@ -171,6 +179,26 @@ class LogLocation:
         return FsspecStorage(self.url, dict(self.storage_options))
 
 
+class PutAnswer(StrEnum):
+    """How a store answered one conditional create (:meth:`Storage.conditional_put`)."""
+
+    CREATED = "created"
+    """The object was written (where it existed already, the store ignored the condition and replaced it)."""
+    EXISTS = "exists"
+    """The condition held the write back: the object exists and was left as it was."""
+    REFUSED = "refused"
+    """The store does not support the condition (S3: 501 NotImplemented and the like); nothing was written."""
+
+
+@dataclass(frozen=True)
+class ConditionalPut:
+    """The answer to one :meth:`Storage.conditional_put`, and what the store said (for messages)."""
+
+    answer: PutAnswer
+    seen: str
+    """The store's answer as a person reads it: ``HTTP 412 PreconditionFailed``, ``HTTP 200``, ..."""
+
+
 ReadRange = Callable[[str, int, int], bytes]
 """``read(relpath, offset, length)``: up to ``length`` bytes at ``offset`` (:meth:`Storage.reading`)."""
 
@@ -223,6 +251,12 @@ class Storage(Protocol):
 
         Atomic where the store has a conditional create (local disk: a hard link; S3: ``If-None-Match: *``);
         elsewhere, and on S3 servers that refuse the condition, a check then a write."""
+
+    def conditional_put(self, relpath: str, data: bytes) -> ConditionalPut:
+        """Only the conditional create of ``data`` at ``relpath`` (local disk: a hard link; S3: one PUT with
+        ``If-None-Match: *``), without the check before it or a plain write after a refusal: how the store
+        answered. :func:`logstore.conditional.probe_conditional_create` tells with it whether the store honours
+        the condition; an answer that is not one of :class:`PutAnswer` raises ``OSError`` naming the file."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -380,10 +414,14 @@ class LocalStorage:
     def _temp_record(self, final: Path, data: bytes) -> Path:
         ensure_dir(final.parent)
         temp = final.with_name(f".{final.name}{TEMP_MARK}{uuid.uuid4().hex[:8]}")
-        with open(temp, "xb") as f:  # a small record, not a segment: no failpoints of the segment writes
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(temp, "xb") as f:  # a small record, not a segment: no failpoints of the segment writes
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:  # a full disk, say: leave no half-written temp record behind
+            temp.unlink(missing_ok=True)
+            raise
         return temp
 
     def put(self, relpath: str, data: bytes) -> None:
@@ -397,18 +435,21 @@ class LocalStorage:
         fsync_dir(final.parent)
 
     def create(self, relpath: str, data: bytes) -> bool:
-        final = self.root / relpath
-        if final.exists():
+        if (self.root / relpath).exists():
             return False
+        return self.conditional_put(relpath, data).answer is PutAnswer.CREATED
+
+    def conditional_put(self, relpath: str, data: bytes) -> ConditionalPut:
+        final = self.root / relpath
         temp = self._temp_record(final, data)
         try:
             os.link(temp, final)  # fails if the name exists: an atomic create
         except FileExistsError:
-            return False
+            return ConditionalPut(PutAnswer.EXISTS, "the hard link failed: the name exists (EEXIST)")
         finally:
             temp.unlink(missing_ok=True)
         fsync_dir(final.parent)
-        return True
+        return ConditionalPut(PutAnswer.CREATED, "the hard link was made")
 
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         with open(self.root / relpath, "rb") as f:
@@ -477,6 +518,10 @@ class LocalStorage:
 
 
 class FsspecStorage:
+    coalesced_reads = True
+    """Read plans are fetched in few large ranged reads, several at once (:func:`logstore.reader.read_plan`), not
+    block by block: each request to an object store costs a round trip. Local storage reads block by block."""
+
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         self.fs, root = open_filesystem(url, storage_options)
         self.root = root.rstrip("/")
@@ -530,20 +575,33 @@ class FsspecStorage:
                 return False
             except FileNotFoundError:
                 pass
+        put = self.conditional_put(relpath, data)
+        if put.answer is not PutAnswer.REFUSED:
+            return put.answer is PutAnswer.CREATED  # EXISTS: or another conditional write of it is under way
+        log.info("%s: the S3 server refused If-None-Match (%s); writing after the check", self.root, put.seen)
+        self.write(relpath, [data])
+        return True
+
+    def conditional_put(self, relpath: str, data: bytes) -> ConditionalPut:
+        if not self._is_s3:
+            return ConditionalPut(
+                PutAnswer.REFUSED, f"no conditional create over {self.fs.protocol!r}: the sink checks, then writes"
+            )
+        bucket, key, _ = self.fs.split_path(self._full(relpath))
         try:
-            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-            return True
+            answer = self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
         except Exception as e:
             if not is_storage_error(e):
                 raise
             code, status = s3_error_code(e)
+            seen = " ".join(str(part) for part in (f"HTTP {status}" if status else None, code) if part) or str(e)
             if isinstance(e, FileExistsError) or code in CONDITION_FAILED or status in (409, 412):
-                return False  # the object exists (or another conditional write of it is under way)
-            if code not in CONDITION_REFUSED and status != 501:
-                raise storage_error(f"cannot create {self.display(relpath)}", e) from e
-            log.info("%s: the S3 server refused If-None-Match (%s); writing after the check", self.root, e)
-        self.write(relpath, [data])
-        return True
+                return ConditionalPut(PutAnswer.EXISTS, seen)
+            if code in CONDITION_REFUSED or status == 501:
+                return ConditionalPut(PutAnswer.REFUSED, seen)
+            raise storage_error(f"cannot create {self.display(relpath)}", e) from e
+        status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(answer, dict) else None
+        return ConditionalPut(PutAnswer.CREATED, f"HTTP {status}" if status else "success")
 
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         if length == 0:
@@ -554,7 +612,7 @@ class FsspecStorage:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[ReadRange]:
-        yield self.read_range  # one GET per read: object stores have no open files
+        yield self.read_range  # one GET per read: object stores have no open files (read_plan joins reads instead)
 
     def read_all(self, relpath: str) -> bytes:
         # start=0: one GET (without a range, s3fs asks for the object's size first: a HEAD per read).
@@ -567,7 +625,7 @@ class FsspecStorage:
         self.fs.invalidate_cache(self.root)
         try:
             with self._naming("list", prefix):
-                found = self.fs.find(base, detail=True)
+                found = self._list_s3(base) if self._is_s3 else self.fs.find(base, detail=True)
         except FileNotFoundError:
             return
         for path, info in found.items():
@@ -575,6 +633,15 @@ class FsspecStorage:
                 continue
             rel = path[len(self.root) + 1 :] if path.startswith(self.root + "/") else path
             yield rel, int(info.get("size") or 0)
+
+    def _list_s3(self, base: str) -> dict[str, dict[str, Any]]:
+        """Every object under ``base``: one ListObjectsV2 without a delimiter (and its further pages). s3fs's
+        ``find`` asks again with a HEAD and a second listing when a prefix holds nothing, which is most of the
+        home's listings at start (three requests where one answers)."""
+        from fsspec.asyn import sync
+
+        found = sync(self.fs.loop, self.fs._lsdir, base, refresh=True, delimiter="")
+        return {str(info["name"]): info for info in found}
 
     def delete(self, relpath: str) -> bool:
         try:

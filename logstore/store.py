@@ -34,6 +34,7 @@ from .errors import (
     SegmentCorruptError,
     SegmentError,
     SegmentMissingError,
+    StateDivergedError,
     StateMismatchError,
     TruncatedRangeError,
     TruncateOrderError,
@@ -56,6 +57,8 @@ from .storage import LogLocation, is_local
 
 DEFAULT_VNODES = 256
 NOTHING = -1
+RENEW_EVERY = 15.0
+"""Seconds between renewals of a run's term record (``alive_at``) as it checks its term."""
 """The epoch value meaning "none yet" for last sealed epochs and truncate points."""
 log = logging.getLogger(__name__)
 
@@ -198,6 +201,9 @@ class LogStore:
             raise ValueError(f"vnodes must be an integer from 1 to 32768, not {vnodes!r}")
         self.db = db
         self.db_path = database_path(db)
+        self._db_named = (
+            "a state database in memory" if str(self.db_path) == ":memory:" else f"the state database {self.db_path}"
+        )
         self.location = location
         self.readonly = readonly
         self._where = f"log store {location.canonical}"
@@ -215,6 +221,7 @@ class LogStore:
         self.home = DurableHome(self.storage)
         self.term: int | None = None
         """The writer term this handle seals, commits and deletes under (None: unfenced, tools and tests)."""
+        self._renewed = time.monotonic()
         self.rebuilt = False
         """Whether the state database was new and took the sink's identity from the durable home."""
         self._published_points: dict[int, int] | None = None
@@ -226,10 +233,10 @@ class LogStore:
                 self.rebuilt = True
                 row = (str(claim["sink_id"]), int(claim["vnodes"]), location.canonical)
                 log.warning(
-                    "%s holds sink %s but the state database %s is new: rebuilding it from the durable home",
+                    "%s holds sink %s but %s is new: rebuilding it from the durable home",
                     self._where,
                     row[0],
-                    self.db_path,
+                    self._db_named,
                 )
             else:
                 row = (uuid.uuid4().hex, vnodes or DEFAULT_VNODES, location.canonical)
@@ -250,7 +257,9 @@ class LogStore:
         if recorded_location != location.canonical:
             raise StateMismatchError(
                 f"the state database belongs to the log store at {recorded_location}, not {location.canonical}. "
-                "Open it with the location it was created with, or use a new state directory."
+                "Open it with the location it was created with, or use a new state directory. If the log store was "
+                "moved or copied there on purpose, record it with `filesink recover move-log-store --state-dir DIR "
+                f"--log-store {location.canonical}`."
             )
         self.sink_id: str = sink_id
         self.vnodes: int = recorded_vnodes
@@ -502,7 +511,11 @@ class LogStore:
             raise ValueError(f"epoch {epoch} is negative; epochs are Spark batch ids (0, 1, 2, ...)")
         descs = [d for d in descriptors if d is not None]
         self._check_unsealed(epoch, "seal")
-        self._check_descriptors(epoch, descs)
+        try:
+            self._check_descriptors(epoch, descs)
+        except SegmentError:  # a newer run's start sweeps a fenced run's unsealed segments: say that, not damage
+            self.check_term(f"seal epoch {epoch}")
+            raise
         sealed_at = time.time()
         # Durable in the home first, then fenced: a rebuild finds every epoch the database sealed, and a record a
         # fenced driver writes after the newer run read the home does not count (see logstore.home).
@@ -576,9 +589,15 @@ class LogStore:
         return f"t{self.term}-{writer}" if self.term is not None else writer
 
     def check_term(self, action: str) -> None:
-        """Raise :class:`FencedError` if a newer run has published its writer term (a no-op without a term)."""
-        if self.term is not None:
-            self.home.check_term(self.term, action)
+        """Raise :class:`FencedError` if a newer run took a writer term (a no-op without a term); renew this run's
+        term record now and then, so that ``filesink recover apply`` sees the owner is alive."""
+        if self.term is None:
+            return
+        self.home.check_term(self.term, action)
+        now = time.monotonic()
+        if now - self._renewed >= RENEW_EVERY:
+            self._renewed = now
+            self.home.renew(self.term)
 
     @db_errors("bring the state database up to date with the durable home")
     def sync_from_home(self, *, adopt: bool = True) -> HomeView:
@@ -591,10 +610,17 @@ class LogStore:
         given_up = self.home.given_up()
         gone = {str(r["segment"]) for r in given_up}
         last = self.last_sealed_epoch
+        have = set(self._held_epochs())
+        # An epoch this database took from a record that a newer term's seal replaced (its segments swept as
+        # unsealed, the epoch sealed again): the record that counts now replaces it.
+        replaced = [r for r in view.epochs if int(r["epoch"]) in have and self._replaced(r)]
         imported = [r for r in sorted(view.epochs, key=lambda r: int(r["epoch"])) if int(r["epoch"]) > last]
+        imported = sorted(replaced + imported, key=lambda r: int(r["epoch"]))
         points = self.truncate_points()
         durable = {v: max(points.get(v, NOTHING), view.truncation.get(v, NOTHING)) for v in points}
         with self.db.atomic():
+            for record in replaced:
+                self._forget_epoch(int(record["epoch"]))
             for record in imported:
                 epoch = int(record["epoch"])
                 # Segments every vnode of which was released (committed) are deleted, or will be: not imported;
@@ -621,7 +647,7 @@ class LogStore:
                 "%s: took %d given-up segments from the durable home into %s (%s): they are never read again",
                 self._where,
                 len(taken),
-                self.db_path,
+                self._db_named,
                 ", ".join(str(r["segment"]) for r in taken),
             )
         if imported:
@@ -631,19 +657,42 @@ class LogStore:
                 len(imported),
                 int(imported[0]["epoch"]),
                 int(imported[-1]["epoch"]),
-                self.db_path,
+                self._db_named,
             )
         if adopt and self.term is not None:
             counted = {int(r["epoch"]) for r in view.epochs}
+            diverged = sorted(set(self._held_epochs()) & set(view.stale_epochs))
+            if diverged:
+                raise StateDivergedError(
+                    f"the state database {self.db_path} holds sealed epochs {describe_vnodes(diverged)} that the "
+                    f"durable home at {self.location.canonical} does not count: a newer run (term {view.term}) read "
+                    f"the home before they were sealed, so they were sealed by a run that no longer owned the sink. "
+                    "Nothing was changed. Move this state directory away and start the sink with an empty one: it is "
+                    "rebuilt from the durable home, and the query's checkpoint tells whether those batches run again."
+                )
             for epoch in self._held_epochs():  # sealed before the sink had a durable home: made durable now
                 if epoch not in counted:
                     self.home.write_epoch(epoch, self.term, _epoch_record(*self._epoch_rows(epoch)))
             self.home.record_base(self.term, last)
+            self.check_term("clean the durable home")  # a fenced run deletes nothing a newer one may be reading
             self.home.delete_epochs(view.stale_epochs)
             self.home.prune_terms(keep_from=self.term)
             self.home.compact_truncation(self.term, self.truncate_points())
             self._published_points = self.truncate_points()
         return view
+
+    def _replaced(self, record: Mapping[str, Any]) -> bool:
+        """Whether the database holds segments of the record's epoch that the record does not name."""
+        names = {d.name for d in _descriptors(record)}
+        return any(name not in names for name in self.segments(int(record["epoch"])))
+
+    def _forget_epoch(self, epoch: int) -> None:
+        self.db.execute(
+            "DELETE FROM log_segment_vnodes WHERE segment_id IN (SELECT segment_id FROM log_segments WHERE epoch = ?)",
+            (epoch,),
+        )
+        self.db.execute("DELETE FROM log_segments WHERE epoch = ?", (epoch,))
+        self.db.execute("DELETE FROM log_epochs WHERE epoch = ?", (epoch,))
 
     def _held_epochs(self) -> list[int]:
         return [r[0] for r in self.db.execute("SELECT epoch FROM log_epochs ORDER BY epoch")]

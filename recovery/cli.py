@@ -15,24 +15,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import socket
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filesink import s3options
-from filesink.errors import COMMAND_ERRORS, EXIT_OK, report
+from filesink.argparsing import Parser
+from filesink.errors import COMMAND_ERRORS, EXIT_OK, LogStoreMovedError, SinkLockedError, report
 from filesink.ledger import Ledger, PlannedFile
 from filesink.lock import StateLock, lock_holder
 from filesink.output import OutputLocation
+from filesink.output.claim import CLAIM_NAME, check_claim, move_claim, read_claim
+from filesink.output.probe import check_s3
 from filesink.planner import file_task, writer_ranges
 from filesink.writer import FileTask
 from logstore import DamagedSegment, GivenUp, LogLocation, LogStore, NoLogStoreError
-from logstore.statedb import STATE_DB_NAME, translated
+from logstore.home import CLAIM_FILE, FILES, SINK_RECORD, DurableHome, HomeView, term_path
+from logstore.statedb import STATE_DB_NAME, connect, translated
 from logstore.storage import is_local
 
-from .errors import NotASinkError
+from .errors import LiveOwnerError, NotASinkError
 from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
 
 
@@ -53,8 +59,10 @@ class OpenSink:
 
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
     """S3 settings from the flags (:mod:`filesink.s3options`, the same as ``filesink run``'s); credentials from the
-    standard AWS variables or profile (never flags)."""
-    return s3options.from_args(args)
+    standard AWS variables or profile (never flags). The endpoint and region the state directory remembers (the
+    ones its sink last ran with) fill in what neither the flags nor the AWS variables give."""
+    state_dir = Path(args.state_dir).absolute() if getattr(args, "state_dir", None) else None
+    return s3options.with_remembered(s3options.from_args(args), state_dir)
 
 
 def open_sink(
@@ -160,6 +168,10 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
     store = sink.store
     points = store.truncate_points()
     backlog = store.backlog()
+    # What the vnodes hold above their truncate points, as the rebuild counts it (_rebuilt_line). Not the sealed
+    # epochs still recorded: a state rebuilt from the durable home records every epoch whose record the home still
+    # keeps (records of committed epochs go at the next sweep), a state directory's database prunes them sooner.
+    held = store.held_totals()
     result: dict[str, Any] = {
         "sink_id": store.sink_id,
         "output": sink.config["output"],
@@ -172,11 +184,7 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
         "held_by": lock_holder(sink.state_dir) if sink.state_dir is not None else None,
         "writer_term": sink.ledger.term(),
         "truncate_points": {str(v): e for v, e in points.items()},
-        "backlog": {
-            "epochs": len(store.sealed_epochs()),
-            "rows": sum(b.rows for b in backlog),
-            "bytes": sum(b.bytes for b in backlog),
-        },
+        "backlog": {"epochs": held.epochs, "rows": held.rows, "bytes": held.bytes},
         "pending_files": [_file_json(f) for f in sink.ledger.pending()],
     }
     if verify:
@@ -249,7 +257,7 @@ def _plan_json(plan: RecoveryPlan) -> dict[str, Any]:
 def _print_status(s: dict[str, Any]) -> None:
     print(f"sink {s['sink_id']}")
     for key in ("output", "log_store", "vnodes", "key_columns", "partition_by", "last_sealed_epoch"):
-        print(f"  {key.replace('_', ' ')}: {s[key]}")
+        print(f"  {key.replace('_', ' ')}: {_shown(key, s[key])}")
     if s.get("state_dir") is None:
         print("  held by: unknown (no state directory: a query running elsewhere does not show here)")
     else:
@@ -296,6 +304,15 @@ def _print_status(s: dict[str, Any]) -> None:
                 [(f["name"], f"{f['vnodes'][0]}-{f['vnodes'][1]}", f["end_epoch"], f["rows"]) for f in files],
             )
         )
+
+
+def _shown(key: str, value: Any) -> str:
+    """A value of ``recover status`` as a person reads it (the JSON keeps the values as they are)."""
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) if value else "none"
+    if value is None:
+        return {"key_columns": "all columns", "partition_by": "none"}.get(key, "none")
+    return str(value)
 
 
 DAMAGE_WAY_OUT = (
@@ -391,9 +408,42 @@ def _progress(done: int, total: int, r: Resolution) -> None:
     print(f"[{done}/{total}] {r.file.name}: {r.action.value}", file=sys.stderr, flush=True)
 
 
+OWNER_LEASE = 120.0
+"""Seconds after its last renewal during which a run of the sink counts as alive (``--owner-lease``)."""
+
+
+def check_no_live_owner(store: LogStore, lease: float, *, locked: bool) -> None:
+    """Refuse to take ownership from a run that showed it was alive less than ``lease`` seconds ago (with
+    ``locked``, the caller holds the state directory's lock: a run of that state directory is not alive)."""
+    found = store.home.live_owner(lease)
+    if found is None:
+        return
+    term, age, record = found
+    if locked and record.get("host") == socket.gethostname() and record.get("state") == store.db_path:
+        return
+    raise LiveOwnerError(
+        f"a run of sink {store.sink_id} holds writer term {term} and was alive {age:.0f} s ago (its record in "
+        f"{store.home.storage.display(term_path(term))}): `recover apply` would take the sink from it, and that run "
+        "would then stop with FencedError at its next step. Nothing of the sink was changed (a new --state-dir keeps "
+        "the state rebuilt into it, and the next apply goes on from it). Stop the query first (a query that "
+        f"stops cleanly releases the sink at once), or wait until the run has been silent for {lease:.0f} s (a "
+        "killed driver): then run this again. --owner-lease SECONDS sets that wait."
+    )
+
+
 def run_recover(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir).absolute() if args.state_dir else None
-    sink = open_sink(state_dir, _storage_options(args), readonly=args.command != "apply", log_store=args.log_store)
+    options = _storage_options(args)
+    log_store = args.log_store or (LogStore.recorded_location(state_dir) if state_dir is not None else None)
+    if log_store is not None and not is_local(log_store):  # the same checks and messages as `filesink run`'s
+        check_s3(log_store, options, "log store")
+    sink = open_sink(state_dir, options, readonly=args.command != "apply", log_store=args.log_store)
+    if not is_local(sink.output.url):
+        try:
+            check_s3(sink.output.url, options, "output")
+        except BaseException:
+            sink.close()
+            raise
     if sink.store.rebuilt and not args.json:
         print(_rebuilt_line(sink), file=sys.stderr, flush=True)
     try:
@@ -415,8 +465,11 @@ def run_recover(args: argparse.Namespace) -> int:
             out = _plan_json(planned)
             print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=False)
             return EXIT_OK
+        # A copy of the log store (the output names this sink at another location) must not write to the output.
+        check_claim(sink.output, sink.store.sink_id, sink.store.location.canonical)
         lock = StateLock(state_dir) if state_dir is not None else None
         try:
+            check_no_live_owner(sink.store, args.owner_lease, locked=lock is not None)
             done = apply_recovery(
                 sink.store,
                 sink.ledger,
@@ -426,6 +479,7 @@ def run_recover(args: argparse.Namespace) -> int:
                 progress=None if args.json else _progress,
                 verify=verify,
                 drop_damaged=args.drop_damaged,
+                single_driver=args.single_driver,
                 verify_progress=None if args.json else _verify_progress,
             )
         finally:
@@ -433,9 +487,249 @@ def run_recover(args: argparse.Namespace) -> int:
                 lock.release()
         out = _plan_json(done)
         print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=True)
+        if state_dir is not None and s3options.settings_of(options):  # as a run does: later steps need no flags
+            s3options.remember(state_dir, options)
         return EXIT_OK
     finally:
         sink.close()
+
+
+# -- move-log-store ----------------------------------------------------------------------------------------
+
+MOVE = "move-log-store"
+MOVE_HELP = (
+    "record that the sink's log store was moved on purpose to --log-store: the output's claim, and the state "
+    "directory's database, then name the new location (refused if the old one was used after the copy)"
+)
+
+
+def add_move_step(steps: Any) -> None:
+    """``recover move-log-store``: its own options (it moves, it does not resolve anything)."""
+    step = steps.add_parser(MOVE, help=MOVE_HELP, description=MOVE_HELP)
+    step.set_defaults(step_parser=step)
+    step.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="the sink's state directory: a database there that records the old location is set aside and rebuilt "
+        "from the new one (default --log-store: its log/ subdirectory)",
+    )
+    step.add_argument(
+        "--log-store",
+        metavar="URL",
+        help="the log store's new location (where it was copied or moved to; it holds the sink's durable home)",
+    )
+    step.add_argument("--json", action="store_true", help="print JSON for scripts instead of lines")
+    s3options.add_arguments(step)
+
+
+def _options_for(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    return {} if is_local(url) else options
+
+
+def _home_at(url: str, options: dict[str, Any], sink_id: str) -> DurableHome | None:
+    """The durable home of sink ``sink_id`` at ``url``, or None if the location holds none (gone, or another's)."""
+    storage = LogLocation(url, _options_for(url, options)).open()
+    try:
+        claim = json.loads(storage.read_all(CLAIM_FILE))
+    except (FileNotFoundError, ValueError):
+        return None
+    return DurableHome(storage) if isinstance(claim, dict) and claim.get("sink_id") == sink_id else None
+
+
+def _newest(home: DurableHome) -> tuple[int, int]:
+    """(newest writer term, last sealed epoch) a durable home records (0 and -1 for none)."""
+    return home.newest_term() or 0, max(home.epoch_numbers(), default=-1)
+
+
+def _live_run(home: DurableHome) -> tuple[int, float] | None:
+    """(term, seconds since it was alive) of a run that may still be working on ``home``: renewed within the lease
+    and not stopped cleanly, unless it ran on this machine and its state directory's lock is free (it is gone)."""
+    found = home.live_owner(OWNER_LEASE)
+    if found is None:
+        return None
+    term, age, record = found
+    state = record.get("state")
+    if (
+        record.get("host") == socket.gethostname()
+        and isinstance(state, str)
+        and Path(state).is_absolute()
+        and Path(state).name == STATE_DB_NAME
+        and lock_holder(Path(state).parent) is None
+    ):
+        return None
+    return term, age
+
+
+def _set_aside(state_dir: Path) -> Path:
+    """Move the state database out of the way (its write-ahead log checkpointed into it first, so that the one
+    file holds it all); return where it went."""
+    path = state_dir / STATE_DB_NAME
+    with translated(str(path), "checkpoint the state database before setting it aside"):
+        db = connect(path)
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            db.close()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    aside = state_dir / f"{STATE_DB_NAME}.before-move-{stamp}"
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = state_dir / f"{STATE_DB_NAME}.before-move-{stamp}-{n}"
+    path.rename(aside)
+    for suffix in ("-wal", "-shm"):  # empty after the checkpoint; never to be paired with a new database
+        with contextlib.suppress(FileNotFoundError):
+            path.with_name(path.name + suffix).unlink()
+    return aside
+
+
+def _rebuild(state_dir: Path, url: str, options: dict[str, Any]) -> None:
+    """A state database in ``state_dir`` rebuilt from the durable home at ``url`` (nothing is written there), as
+    ``recover apply --state-dir DIR --log-store URL`` rebuilds it; the sink's start goes on from it."""
+    store = LogStore.open(state_dir, url, storage_options=_options_for(url, options) or None, require_home=True)
+    try:
+        ledger = Ledger(store)
+        ledger.config_from_home()
+        store.sync_from_home(adopt=False)
+        ledger.sync_pending()
+    finally:
+        store.close()
+
+
+def _not_in_home(state_dir: Path, options: dict[str, Any], home: HomeView, files: set[str]) -> list[str]:
+    """What the state database holds that the durable home does not (sealed before the sink had a durable home):
+    a rebuild from the home would lose it."""
+    store = LogStore.open_existing(state_dir, storage_options=options, readonly=True)
+    try:
+        held = {epoch for _, epoch, *_ in store.backlog_changes(None).rows}
+        pending = set(Ledger(store).pending_names())
+    finally:
+        store.close()
+    epochs = {int(r["epoch"]) for r in home.epochs}
+    return [f"sealed epoch {e}" for e in sorted(held - epochs)] + [f"pending file {n}" for n in sorted(pending - files)]
+
+
+def move_log_store(args: argparse.Namespace) -> int:
+    """``recover move-log-store``: check, then rewrite the output's claim, then the state database; each step is
+    skipped when it is done already, so a run that was interrupted is finished by running it again."""
+    options = _storage_options(args)
+    state_dir = Path(args.state_dir).absolute() if args.state_dir else None
+    if args.log_store:
+        url = str(args.log_store)
+    else:
+        assert state_dir is not None  # recover() asks for one of the two
+        url = str(state_dir / "log")
+    try:
+        new_store = LogStore.from_home(url, storage_options=_options_for(url, options))
+    except NoLogStoreError as e:
+        raise NotASinkError(f"{url} is not a sink's log store: {e}") from None
+    try:
+        sink_id, new, home = new_store.sink_id, new_store.location.canonical, new_store.home
+        record = home.read(SINK_RECORD)
+        if not isinstance(record, dict) or "output" not in record:
+            raise NotASinkError(f"{new} holds no record of the sink's output ({home.storage.display(SINK_RECORD)})")
+        view = home.view()
+        files = {p.removeprefix(FILES + "/").removesuffix(".json") for p in home.names(FILES)}
+        new_term, new_epoch = _newest(home)
+    finally:
+        new_store.close()
+    output_url = str(record["output"])
+    output = OutputLocation(output_url, _options_for(output_url, options))
+    claim = read_claim(output)
+    if claim is not None and claim.sink_id != sink_id:
+        move_claim(output, sink_id, None, new)  # raises OutputClaimedError: another sink's output
+    recorded = LogStore.recorded_location(state_dir) if state_dir is not None else None
+    olds = sorted({x for x in (claim.log_store if claim else None, recorded) if x is not None and x != new})
+    if len(olds) > 1:
+        raise LogStoreMovedError(
+            f"the output {output_url} names the log store of sink {sink_id} at {olds[0]}, and the state database in "
+            f"{state_dir} records it at {olds[1]}: it is unclear which one the log store at {new} was moved from. "
+            "Nothing was changed. Give the state directory that goes with the output's claim, or none."
+        )
+    old = olds[0] if olds else None
+    old_home = _home_at(old, options, sink_id) if old is not None else None
+    if old_home is not None:
+        old_term, old_epoch = _newest(old_home)
+        if old_term > new_term or old_epoch > new_epoch:
+            raise LogStoreMovedError(
+                f"the log store at {old} was used after it was copied to {new}: its durable home holds writer term "
+                f"{old_term} and sealed epoch {old_epoch}, the copy only term {new_term} and epoch {new_epoch}. "
+                f"Moving now would lose what the sink did there since. Nothing was changed. Stop every query that "
+                f"uses {old}, then copy it to {new} again (replacing the copy) and run this again; or go on with the "
+                f"log store at {old}."
+            )
+        alive = _live_run(old_home)
+        if alive is not None:
+            raise SinkLockedError(
+                f"a run of sink {sink_id} with its log store at {old} holds writer term {alive[0]} and was alive "
+                f"{alive[1]:.0f} s ago: it may still write there, and moving the log store now would leave two runs "
+                f"that do not fence each other. Nothing was changed. Stop the query, copy {old} to {new} again "
+                f"(replacing the copy), and run this again (a run killed without stopping counts as alive for "
+                f"{OWNER_LEASE:.0f} s, unless it ran on this machine)."
+            )
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)  # a new state directory: rebuilt from the new location
+    lock = StateLock(state_dir) if state_dir is not None else None
+    try:
+        if state_dir is not None and recorded is not None and recorded != new:
+            missing = _not_in_home(state_dir, options, view, files)
+            if missing:
+                raise LogStoreMovedError(
+                    f"the state database in {state_dir} holds what the durable home at {new} does not record "
+                    f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): it was sealed before the sink "
+                    f"had a durable home, and a rebuild from the home would lose it. Nothing was changed. Start the "
+                    f"sink once with its log store at {recorded} (that makes it durable there), stop it, copy the "
+                    "log store again and run this again."
+                )
+        moved = move_claim(output, sink_id, old, new)
+        database = None
+        if state_dir is not None:
+            aside = _set_aside(state_dir) if recorded is not None and recorded != new else None
+            if recorded != new:
+                _rebuild(state_dir, url, options)
+            database = {"recorded": recorded, "set_aside": str(aside) if aside else None, "rebuilt": recorded != new}
+    finally:
+        if lock is not None:
+            lock.release()
+    result = {
+        "sink_id": sink_id,
+        "output": output_url,
+        "from": old,
+        "to": new,
+        "claim_moved": moved,
+        "state_database": database,
+        "old_home": None if old_home is None else {"writer_term": old_term, "last_sealed_epoch": old_epoch},
+    }
+    print(json.dumps(result, indent=2)) if args.json else _print_move(result, state_dir)
+    return EXIT_OK
+
+
+def _print_move(r: dict[str, Any], state_dir: Path | None) -> None:
+    new = r["to"]
+    print(f"sink {r['sink_id']}: its log store is at {new}" + (f" (moved from {r['from']})" if r["from"] else ""))
+    claim = "now names" if r["claim_moved"] else "already named"
+    print(f"  output {r['output']}: its claim ({CLAIM_NAME}) {claim} the log store at {new}")
+    d = r["state_database"]
+    if d is not None:
+        if not d["rebuilt"]:
+            print(f"  state directory {state_dir}: its database already records the log store at {new}")
+        elif d["set_aside"]:
+            print(
+                f"  state directory {state_dir}: its database recorded the log store at {d['recorded']}; set aside "
+                f"as {d['set_aside']}, and rebuilt from the durable home at {new}"
+            )
+        else:
+            print(f"  state directory {state_dir}: its database was rebuilt from the durable home at {new}")
+    if r["from"] is not None and r["old_home"] is None:
+        print(f"  {r['from']}: holds no durable home of this sink (any more)")
+    elif r["from"] is not None:
+        print(
+            f"  {r['from']}: still holds the durable home it was copied from (not newer than the copy). Do not use it "
+            "again: a sink started with its log store there is refused. Delete it once the sink runs from the new "
+            "location"
+        )
+    where = f" and its state directory {state_dir}" if state_dir is not None else ""
+    print(f"start the sink with its log store at {new} (log_store=, filesink run --log-store){where}")
 
 
 DESCRIPTION = (
@@ -463,6 +757,7 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
     }
     for name, text in helps.items():
         step = steps.add_parser(name, help=text, description=text)
+        step.set_defaults(step_parser=step)
         step.add_argument("--state-dir", metavar="DIR", help="the sink's state directory (holds state.sqlite)")
         step.add_argument(
             "--log-store",
@@ -485,6 +780,7 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
                 action="store_true",
                 help="skip reading every held log segment to check it (faster on a large backlog)",
             )
+    add_move_step(steps)
 
 
 def add_damage_options(step: argparse.ArgumentParser, name: str) -> None:
@@ -505,23 +801,39 @@ def add_damage_options(step: argparse.ArgumentParser, name: str) -> None:
             "and vnodes; every other row is written), record what was given up, and go on; without it, apply "
             "exits 5 while damaged segments block the sink",
         )
+        step.add_argument(
+            "--single-driver",
+            action="store_true",
+            help="go on where the log store's S3 server has no conditional create (ignores or refuses PUT with "
+            "If-None-Match: *): you promise that no driver or other recover command runs on the sink meanwhile, "
+            "since nothing fences a second one",
+        )
+        step.add_argument(
+            "--owner-lease",
+            type=float,
+            default=OWNER_LEASE,
+            metavar="SECONDS",
+            help="refuse (exit 3) while a run of the sink renewed its ownership less than SECONDS ago: apply takes "
+            f"ownership, which stops a running query (default {OWNER_LEASE:.0f})",
+        )
 
 
 def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``filesink recover STEP`` from parsed arguments (:func:`filesink.cli.main` turns errors into a message
     and an exit code)."""
+    step = getattr(args, "step_parser", parser)  # its usage line, not the top command's
     if getattr(args, "parallelism", None) is not None and args.parallelism < 1:
-        parser.error("--parallelism must be at least 1")
+        step.error("--parallelism must be at least 1")
     if not args.state_dir and not args.log_store:
-        parser.error("give --state-dir DIR, --log-store URL, or both")
+        step.error("give --state-dir DIR, --log-store URL, or both")
     database = str(Path(args.state_dir).absolute() / STATE_DB_NAME) if args.state_dir else "(rebuilt in memory)"
     with translated(database, f"filesink recover {args.command}"):  # any SQLite error not translated below
-        return run_recover(args)
+        return move_log_store(args) if args.command == MOVE else run_recover(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m recovery STEP ...``: the steps of ``filesink recover`` on their own."""
-    parser = argparse.ArgumentParser(prog="python -m recovery", description=DESCRIPTION)
+    parser = Parser(prog="python -m recovery", description=DESCRIPTION)
     add_steps(parser)
     args = parser.parse_args(argv)
     try:

@@ -2,16 +2,18 @@
 
 :func:`apply_recovery`, in order (each step is safe to repeat if recovery itself dies part way):
 
-1. take a new writer term (in the durable home, then the ledger) and publish it to the log store
-   (:mod:`filesink.output.fencing`); then bring the state database up to date with the durable home
-   (:mod:`logstore.home`): epochs sealed and files pre-committed there that the database lacks (all of them
-   when the database is new: the rebuild), and the durable truncate points;
+1. take a new writer term: create its record in the durable home, only if absent, then record it in the
+   ledger; from then on this run owns the sink and older runs are fenced; then bring the state database up
+   to date with the durable home (:mod:`logstore.home`): files pre-committed there and then epochs sealed
+   there that the database lacks (all of them when the database is new: the rebuild), and the durable
+   truncate points;
 2. fence older writers: rename their staging directories away (local), abort their recorded multipart
    uploads (S3); from here on no file's visibility can change behind recovery's back;
    then look for damaged log segments the sink still needs (:mod:`filesink.damage`): stop with
    :class:`DamagedLogError` before any file is resolved or anything deleted, or, with ``drop_damaged``, give
    them up (:meth:`logstore.LogStore.give_up`);
 3. for each pending file, check visibility (objects exist, sizes as their writer recorded) and act:
+   released (every vnode truncated past its end epoch, durably: a later run committed it): forget it;
    visible: commit it and truncate its vnodes to its end epoch; not visible: drop it, so its vnodes rewind
    and the data is written again; partly visible (partitioned), or not what its writer recorded: write it
    again (same plan, same objects; a file an earlier version named, every object ``<dir>/<name>.parquet``, is
@@ -29,29 +31,35 @@ Recovery is a client of the log store, the ledger (:mod:`filesink.ledger`) and t
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from filesink.damage import damaged_error
+from filesink.errors import StateBehindError
 from filesink.ledger import Ledger, PlannedFile
 from filesink.output import (
     ObjectRecord,
     OutputGarbage,
     OutputLocation,
+    check_mark,
     fence_writers,
     find_output_garbage,
     is_shared_name,
     object_keys,
     prepare_staging,
-    publish_term,
     records,
     release_staging,
     remove_output_garbage,
+    write_mark,
 )
 from filesink.writer import FileTask, write_file
 from logstore import DamagedSegment, GarbageReport, GivenUp, LogStore
+from logstore.conditional import require_conditional_create
 from logstore.failpoints import failpoint
+
+log = logging.getLogger(__name__)
 
 
 class Action(StrEnum):
@@ -63,6 +71,10 @@ class Action(StrEnum):
     objects), then commit it."""
     DROP = "drop"
     """Nothing is visible: drop it; its vnodes keep their truncate points and the data is written again."""
+    RELEASED = "released"
+    """Every vnode of the file is truncated past its end epoch already (durably, in the home): a committed file
+    holds its rows (this one, resolved by a later run than the state that lists it). Nothing to write or drop:
+    its pending row goes, and no truncate point moves."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +130,12 @@ def _recorded(found: list[ObjectRecord]) -> Recorded:
     return sizes
 
 
-def _resolution(output: OutputLocation, partitioned: bool, f: PlannedFile, recorded: Recorded) -> Resolution:
+def _resolution(
+    output: OutputLocation, partitioned: bool, f: PlannedFile, recorded: Recorded, points: dict[int, int]
+) -> Resolution:
     visible = object_keys(output, f.name)
+    if f.starts and all(points.get(v, -1) >= f.end_epoch for v in f.starts):
+        return Resolution(f, visible, Action.RELEASED)
     if not visible:
         return Resolution(f, visible, Action.DROP)
     sizes = recorded.get(f.name, {})
@@ -155,13 +171,29 @@ def plan_recovery(
     checked (``damaged``; ``progress(done, total)`` after each), else only listed."""
     term = ledger.term() + 1
     recorded = _recorded(list(records(store.storage)))
-    files = [_resolution(output, partitioned, f, recorded) for f in ledger.pending()]
+    points = store.truncate_points()
+    files = [_resolution(output, partitioned, f, recorded, points) for f in ledger.pending()]
     return RecoveryPlan(
         files=files,
         output_garbage=find_output_garbage(output, store.storage, store.sink_id, term),
         log_garbage=store.preview_garbage(unsealed=True),
         damaged=store.damaged(progress, quick=not verify, after=_committing(files)),
     )
+
+
+def _check_behind(store: LogStore, output: OutputLocation, accept_duplicates: bool) -> dict[int, int]:
+    """The output's commit mark; :class:`StateBehindError` if the state is behind it (with ``accept_duplicates``,
+    logged). Reads only: the durable truncate points are the state's and the home's."""
+    truncation = store.home.view().truncation
+    points = {v: max(e, truncation.get(v, e)) for v, e in store.truncate_points().items()}
+    where = f"the state {store.db_path} with its log store at {store.location.canonical}"
+    try:
+        return check_mark(output, store.sink_id, points, where)
+    except StateBehindError as e:
+        if not accept_duplicates:
+            raise
+        log.warning("%s; going on (accept_duplicates=True): those rows are written again", e)
+        return {}
 
 
 def apply_recovery(
@@ -175,8 +207,16 @@ def apply_recovery(
     verify: bool = False,
     drop_damaged: bool = False,
     verify_progress: Callable[[int, int], None] | None = None,
+    single_driver: bool = False,
+    accept_duplicates: bool = False,
 ) -> RecoveryPlan:
     """Fence older writers, resolve every pending file, then remove garbage; see the module docstring.
+
+    First, the log store's location is probed for conditional create (:mod:`logstore.conditional`): a store
+    without it stops here with :class:`ConditionalCreateError`, before any term is taken, unless
+    ``single_driver``. Then the state is compared with the output's commit mark (:mod:`filesink.output.mark`):
+    a state behind it (restored from a backup) stops here with :class:`StateBehindError`, unless
+    ``accept_duplicates``: the rows of files committed after the backup are then written again.
 
     Only run while no writer of the sink's current term can run (the caller holds the state directory's
     lock). Returns what was done, with the new writer term; ``file_task(file, term)`` builds the task that
@@ -186,13 +226,16 @@ def apply_recovery(
     read whole (``verify_progress(done, total)`` after each). Damage raises :class:`DamagedLogError` before any
     file is resolved or anything deleted, unless ``drop_damaged``: then the damaged segments are given up.
     """
-    term = ledger.new_term()
+    require_conditional_create(store.storage, single_driver=single_driver)
+    mark = _check_behind(store, output, accept_duplicates)
+    term = ledger.new_term(str(output.local_staging()) if output.is_local else None)
     failpoint("recovery.term.after")
-    publish_term(store.storage, term)
-    failpoint("recovery.publish.after")
     done = RecoveryPlan(term=term)
-    home = store.sync_from_home()
+    # The pending records first, the truncation after: a run fenced just now may still finish a commit (its
+    # check passed before this term existed), and it records the truncation before it deletes the file's record.
+    # Read in this order, a file is seen pending, or its truncation is seen: never neither.
     done.from_home = ledger.sync_pending()
+    home = store.sync_from_home()
     done.home_epochs = len(home.epochs)
     failpoint("recovery.sync.after")
     done.fenced = fence_writers(output, store.storage, term)
@@ -200,14 +243,18 @@ def apply_recovery(
     prepare_staging(output, term)
     recorded = _recorded(list(records(store.storage)))
     pending = ledger.pending()
-    resolutions = [_resolution(output, partitioned, f, recorded) for f in pending]
+    points = store.truncate_points()
+    resolutions = [_resolution(output, partitioned, f, recorded, points) for f in pending]
     done.damaged = store.damaged(verify_progress, quick=not verify, after=_committing(resolutions))
     if done.damaged and not drop_damaged:
+        store.check_term("start or recover the sink")  # segments a newer owner released are not damage
         raise damaged_error(store, done.damaged, "start or recover the sink")
     done.given_up = store.give_up(done.damaged)
     for i, (f, r) in enumerate(zip(pending, resolutions, strict=True), 1):
         if r.action is Action.DROP:
             ledger.drop(f, term)
+        elif r.action is Action.RELEASED:
+            ledger.commit([f], {}, [], term)
         elif r.action is Action.COMMIT:
             ledger.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
         else:
@@ -227,4 +274,6 @@ def apply_recovery(
     remove_output_garbage(output, store.storage, done.output_garbage)
     failpoint("recovery.output_garbage.after")
     done.log_garbage = store.collect_garbage(unsealed=True)
+    if store.truncate_points() != mark:  # durable in the home now (the sweep recorded them): the mark follows
+        write_mark(output, store.sink_id, store.truncate_points())
     return done

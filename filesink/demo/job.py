@@ -19,6 +19,7 @@ import contextlib
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -40,6 +41,7 @@ import pyarrow.parquet as pq
 from ..errors import EXIT_FAILED, FileSinkError
 from ..output import OutputLocation, list_objects
 from ..output.location import filesystem
+from ..output.naming import file_of
 from ..progress import size
 
 JOB_DEADLINE = 900.0
@@ -239,7 +241,7 @@ def demo(directory: Path, files: int = 12, rows: int = 50_000, s3: bool = False)
         env = dict(os.environ, **extra_env)
         command = _job(landing, output, state, endpoint)
         kill_at = max(1, files // 2)
-        say(f"run 1: {' '.join(['filesink', *command[3:]])}")
+        say(f"run 1: {shlex.join(['filesink', *command[3:]])}")
         say(f"       (killed after epoch {kill_at} is sealed)")
         status, _ = _run_job(command, env, say, kill_at_epoch=kill_at)
         if status != -signal.SIGKILL:
@@ -251,14 +253,14 @@ def demo(directory: Path, files: int = 12, rows: int = 50_000, s3: bool = False)
             say(f"error: the second run failed with status {status}; see its output above")
             return EXIT_FAILED
         result = verify(landing, output, options)
-        sizes, partitions = _file_sizes(output, options)
+        sizes, partitions, files = _object_sizes(output, options)
     say("")
     say(f"rows:   {result.input_rows:,} in, {result.output_rows:,} out")
     if sizes:
         say(
-            f"files:  {len(sizes)} Parquet files in {partitions} event_date partitions, {size(sum(sizes))} (min "
-            f"{size(min(sizes))}, median {size(statistics.median(sizes))}, max {size(max(sizes))}; target "
-            f"{TARGET_FILE_SIZE} per sink file, which is split by partition)"
+            f"files:  {files} files, as {len(sizes)} Parquet objects in {partitions} event_date partitions (a file "
+            f"has an object per partition it has rows for), {size(sum(sizes))}; objects: min {size(min(sizes))}, "
+            f"median {size(statistics.median(sizes))}, max {size(max(sizes))}; target {TARGET_FILE_SIZE} per file"
         )
     say(f"output: {output}" + (" (the demo's S3 server is stopped now)" if s3 else ""))
     say(f"time:   {time.monotonic() - started:,.1f} s for both runs, including Spark start-up")
@@ -278,9 +280,12 @@ def _local(output: Path) -> Iterator[tuple[str, None, dict[str, str], None]]:
     yield str(output), None, {}, None
 
 
-def _file_sizes(output: str, options: dict[str, Any] | None) -> tuple[list[int], int]:
-    """Sizes of the Parquet files under ``output``, and the number of directories they are in."""
+def _object_sizes(output: str, options: dict[str, Any] | None) -> tuple[list[int], int, int]:
+    """Sizes of the Parquet objects under ``output``, the number of directories they are in, and the number of
+    the sink's files they are objects of."""
     objects = [
         (key, size) for key, size in list_objects(OutputLocation(output, options or {})) if key.endswith(".parquet")
     ]
-    return [size for _, size in objects], len({key.rsplit("/", 1)[0] if "/" in key else "" for key, _ in objects})
+    directories = {key.rsplit("/", 1)[0] if "/" in key else "" for key, _ in objects}
+    files = {file_of(key.rsplit("/", 1)[-1]) or key for key, _ in objects}
+    return [size for _, size in objects], len(directories), len(files)

@@ -11,6 +11,7 @@
 | :mod:`.visibility` | which objects of a file a reader sees (what recovery checks) |
 | :mod:`.garbage` | what dead, stalled or fenced writers left: temp files, uploads, records |
 | :mod:`.claim` | ``_filesink.json``: which sink writes to the output |
+| :mod:`.mark` | ``_filesink_mark.json``: per vnode, the epoch its committed files reach (a state behind is refused) |
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from .fencing import (
     fence_writers,
     forget_committed,
     prepare_staging,
-    publish_term,
-    published_term,
     records,
     release_staging,
 )
 from .garbage import OutputGarbage, find_output_garbage, remove_failed_attempts, remove_output_garbage
 from .location import OutputLocation
+from .mark import MARK_NAME, check_mark, write_mark
 from .naming import SUFFIX, file_name, is_file_name, is_object_of, is_shared_name, object_key
 from .objects import OutputObject, Target, open_target
 from .probe import check_s3
@@ -36,6 +36,7 @@ from .visibility import list_objects, object_keys
 
 __all__ = [
     "CLAIM_NAME",
+    "MARK_NAME",
     "SUFFIX",
     "Fence",
     "ObjectRecord",
@@ -43,6 +44,7 @@ __all__ = [
     "OutputLocation",
     "OutputObject",
     "Target",
+    "check_mark",
     "check_s3",
     "claim_output",
     "fence_writers",
@@ -57,10 +59,9 @@ __all__ = [
     "object_keys",
     "open_target",
     "prepare_staging",
-    "publish_term",
-    "published_term",
     "records",
     "release_staging",
     "remove_failed_attempts",
     "remove_output_garbage",
+    "write_mark",
 ]

@@ -1,12 +1,13 @@
 """Writer terms: how a file writer from before a restart is kept from making a file visible afterwards.
 
 Both sides are here: the writer's (:class:`Fence`, :class:`ObjectRecord`) and the driver's and recovery's
-(:func:`publish_term`, :func:`fence_writers`, the per-term staging directories, the records' clean-up).
+(:func:`fence_writers`, the per-term staging directories, the records' clean-up).
 
-Every sink start (and every ``filesink recover apply``) takes a new **writer term** in the state database
-(:meth:`filesink.ledger.Ledger.new_term`) and publishes it here, in the log store's location, which every
-file writer can read (writers have no access to the state database). A writer holds the term of the run that
-started it, in its :class:`~filesink.writer.FileTask`, and is **fenced** once a newer term exists:
+Every sink start (and every ``filesink recover apply``) takes a new **writer term**: it creates the term's
+record in the durable home, only if absent (:meth:`logstore.home.DurableHome.take_term`), in the log store's
+location, which every file writer can read (writers have no access to the state database). A writer holds the
+term of the run that started it, in its :class:`~filesink.writer.FileTask`, and is **fenced** once a newer
+term exists (it checks for a term record above its own right before it publishes):
 
 - **Local output**: a writer's temp files live in its term's staging directory ``<staging>/term-<T>``, which
   only the driver creates. Recovery renames the directories of older terms away (in every staging directory
@@ -15,8 +16,8 @@ started it, in its :class:`~filesink.writer.FileTask`, and is **fenced** once a 
   into the output fails. Both are atomic on one file system, so a writer either published before recovery
   looked, or never does.
 - **S3 output**: a writer records each multipart upload id under ``writers/term-<T>/`` in the log store
-  before it sends the first part, then reads the published term and gives up if it is newer. Recovery
-  publishes the new term first, then aborts every recorded upload of older terms; S3 refuses to complete an
+  before it sends the first part, then checks for a newer term and gives up if there is one. Recovery
+  takes the new term first, then aborts every recorded upload of older terms; S3 refuses to complete an
   aborted upload. A writer that recorded its upload before recovery listed the records is aborted; one that
   recorded it later reads the new term and stops. Uploads a writer created but never recorded (it died in
   between) are found by listing the output's multipart uploads and aborted as garbage.
@@ -98,7 +99,7 @@ def record_path(term: int, file: str, index: int, attempt: str = "") -> str:
 
 @dataclass(frozen=True)
 class Fence:
-    """A writer's side of fencing: its term, and where the records and the published term are. Picklable."""
+    """A writer's side of fencing: its term, and where the records and the term records are. Picklable."""
 
     log: LogLocation
     term: int
@@ -118,25 +119,17 @@ class Fence:
         self.log.open().delete(record.relpath)
 
     def check(self, where: str) -> None:
-        """Raise :class:`FencedError` unless this writer's term is still the published one."""
-        current = published_term(self.log.open())
-        if current != self.term:
+        """Raise :class:`FencedError` if a term above this writer's was taken (the same check as the driver's,
+        :meth:`DurableHome.check_term`)."""
+        try:
+            DurableHome(self.log.open()).check_term(self.term, where)
+        except FencedError as e:
             raise FencedError(
-                f"{where}: this writer belongs to writer term {self.term}, but the sink has since restarted "
-                f"(term {current}); it must not publish. Recovery has resolved or will resolve this file."
-            )
+                f"{e} This file writer must not publish: recovery has resolved or will resolve its file."
+            ) from None
 
 
 # -- the driver's and recovery's side -------------------------------------------------------------------------
-
-
-def publish_term(storage: Storage, term: int) -> None:
-    """Make ``term`` the term writers (and drivers, :meth:`DurableHome.check_term`) check against."""
-    DurableHome(storage).publish_term(term)
-
-
-def published_term(storage: Storage) -> int | None:
-    return DurableHome(storage).published_term()
 
 
 def records(storage: Storage, *, below: int | None = None, term: int | None = None) -> Iterator[ObjectRecord]:
@@ -184,10 +177,17 @@ def forget_committed(storage: Storage, term: int, names: Collection[str]) -> Non
 # -- per-term staging directories (local output) and fencing older writers -------------------------------------
 
 
-def staging(output: OutputLocation) -> list[Path]:
+def staging(output: OutputLocation, storage: Storage | None = None) -> list[Path]:
     """The staging directories of a local output that exist: the current one and those of earlier runs or
-    versions (:meth:`OutputLocation.staging_places`). Writers of older terms may still hold directories in any."""
-    return output.staging_places()
+    versions (:meth:`OutputLocation.staging_places`), and those the term records in the durable home name (a run
+    from another state directory staged there). Writers of older terms may still hold directories in any."""
+    found = output.staging_places()
+    if storage is not None and output.is_local:
+        for record in DurableHome(storage).terms().values():
+            place = record.get("staging")
+            if isinstance(place, str) and Path(place) not in found and Path(place).is_dir():
+                found.append(Path(place))
+    return found
 
 
 def term_staging(output: OutputLocation, term: int) -> Path:
@@ -213,13 +213,13 @@ def release_staging(output: OutputLocation, term: int) -> None:
 
 
 def fence_writers(output: OutputLocation, storage: Storage, term: int) -> int:
-    """Stop writers of terms below ``term`` from publishing (after ``term`` was published); return how many
+    """Stop writers of terms below ``term`` from publishing (after ``term`` was taken); return how many
     staging directories and uploads were fenced.
 
     Local output: the older terms' staging directories are renamed away (atomic: a writer's open() or rename()
     of a temp file in one now fails). S3 output: every upload recorded by an older term is aborted."""
     fenced = 0
-    for found_staging in staging(output):
+    for found_staging in staging(output, storage):
         renamed = 0
         for child in sorted(found_staging.iterdir()):
             found = parse_term_dir(child.name)

@@ -81,7 +81,7 @@ def find_output_garbage(output: OutputLocation, storage: Storage, sink_id: str, 
     if output.is_local and output.local_root().is_dir():  # a staging probe's file, left by a crash
         probes = output.local_root().glob(f"{PROBE_PREFIX}*.tmp")
         garbage.staging_temp_files += sorted(p for p in probes if _temp_file(p))
-    for found_staging in staging(output):
+    for found_staging in staging(output, storage):
         for child in sorted(found_staging.iterdir()):
             found = parse_term_dir(child.name)
             if _temp_file(child):

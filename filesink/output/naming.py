@@ -21,6 +21,8 @@ import zlib
 SUFFIX = ".parquet"
 
 _DIGEST = r"[0-9a-f]{16}"
+_AFTER_SINK = r"-\d{20}-\d{20}-\d{5}-\d{5}-[0-9a-f]{8}"
+"""What follows ``part-<sink id's first 8>`` in a file name (:func:`file_name`): epochs, vnodes, digest."""
 
 
 def file_name(sink_id: str, writer: range, starts: dict[int, int], end_epoch: int) -> str:
@@ -32,7 +34,7 @@ def file_name(sink_id: str, writer: range, starts: dict[int, int], end_epoch: in
 
 def is_file_name(sink_id: str, basename: str) -> bool:
     """Whether ``basename`` is a Parquet object name that this sink's files' objects have."""
-    pattern = rf"part-{re.escape(sink_id[:8])}-\d{{20}}-\d{{20}}-\d{{5}}-\d{{5}}-[0-9a-f]{{8}}(-{_DIGEST})?\.parquet"
+    pattern = rf"part-{re.escape(sink_id[:8])}{_AFTER_SINK}(-{_DIGEST})?{re.escape(SUFFIX)}"
     return re.fullmatch(pattern, basename) is not None
 
 
@@ -56,6 +58,12 @@ def is_object_of(name: str, basename: str) -> bool:
     if basename == f"{name}{SUFFIX}":
         return True
     return re.fullmatch(rf"{re.escape(name)}-{_DIGEST}{re.escape(SUFFIX)}", basename) is not None
+
+
+def file_of(basename: str) -> str | None:
+    """The name of the file whose object ``basename`` is (None if it is not a sink's object name)."""
+    m = re.fullmatch(rf"(part-[^-/]{{8}}{_AFTER_SINK})(-{_DIGEST})?{re.escape(SUFFIX)}", basename)
+    return m.group(1) if m else None
 
 
 def is_shared_name(key: str, name: str) -> bool:

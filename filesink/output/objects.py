@@ -59,7 +59,8 @@ class Target(Protocol):
     def new_object(self, key: str, index: int) -> OutputObject: ...
 
     def check(self) -> None:
-        """Fail early if the writer is fenced already."""
+        """Raise :class:`FencedError` if the writer is fenced already (at its start, and right before it
+        publishes: a term record above its own, or its staging directory renamed away)."""
 
     def after_publish(self, objects: Sequence[OutputObject]) -> None: ...
 
@@ -67,7 +68,7 @@ class Target(Protocol):
 def open_target(output: OutputLocation, name: str, term: int, attempt: str, fence: Fence | None) -> Target:
     """The target of one run (``attempt``) of the writer of file ``name`` in writer term ``term`` (0: unfenced)."""
     if output.is_local:
-        return LocalTarget(output, name, term, attempt)
+        return LocalTarget(output, name, term, attempt, fence)
     return UploadTarget(output, name, fence)
 
 
@@ -139,9 +140,10 @@ class LocalObject:
 
 
 class LocalTarget:
-    def __init__(self, output: OutputLocation, name: str, term: int, attempt: str) -> None:
+    def __init__(self, output: OutputLocation, name: str, term: int, attempt: str, fence: Fence | None) -> None:
         self.root = output.local_root()
         self.term = term
+        self.fence = fence
         self.fenced = term > 0
         self.staging = output.local_staging() / term_dir(term) if self.fenced else output.local_staging()
         self.name = name
@@ -153,6 +155,8 @@ class LocalTarget:
     def check(self) -> None:
         if self.fenced and not self.staging.is_dir():
             raise _staging_gone(f"file {self.name}", self.staging, self.term)
+        if self.fence is not None:
+            self.fence.check(f"file {self.name}")
 
     def after_publish(self, objects: Sequence[OutputObject]) -> None:
         for directory in sorted({(self.root / o.key).parent for o in objects}):

@@ -204,7 +204,7 @@ def test_filesink_run_on_the_cluster(spark_cluster, tmp_path, s3_server, s3_pref
         [sys.executable, "-m", "filesink", *args], TIMEOUT, "filesink run", env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert "done: 900 rows in 3 batches" in proc.stdout, proc.stdout
+    assert "done: 900 rows in (3 batches)" in proc.stdout, proc.stdout
     assert read_pyarrow(out, s3_options) == expected
     assert read_duckdb(out, s3_options) == expected
     logs = [p.read_text(errors="replace") for p in cluster.workdir.glob("worker-*/app-*/*/stderr")]

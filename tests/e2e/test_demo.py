@@ -3,6 +3,7 @@ and fail when the output is not exactly the input. ``python -m logstore demo`` r
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import run
 
+from filesink.cli import build_parser
 from filesink.demo import verify, write_events
 
 
@@ -34,12 +36,21 @@ def test_demo_kills_restarts_and_verifies(tmp_path, s3):
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "-- SIGKILL (driver, JVM and Python workers) --" in out
     assert "run 2: the same command" in out
+    shown = next(line for line in out.splitlines() if line.startswith("run 1: "))
+    words = shlex.split(shown.removeprefix("run 1: "))  # the command as shown can be pasted and runs as is
+    assert words[0] == "filesink" and build_parser().parse_args(words[1:]).available_now, shown
     assert "check:  DuckDB, input vs output as multisets: 0 missing, 0 duplicated, 0 unexpected" in out
     assert "ok: every one of the 120,000 input rows is in the output exactly once" in out
     assert ("SeaweedFS started for the demo" in out) == s3
     if not s3:
         files = list((tmp_path / "demo" / "output").rglob("*.parquet"))
         assert files and sum(pq.read_metadata(f).num_rows for f in files) == 120_000
+        # The summary counts what is there: the sink's files, and the Parquet objects (one per partition of a file).
+        names = {f.name.rsplit("-", 1)[0] for f in files if f.name.count("-") == 7}
+        dirs = {f.parent.name for f in files}
+        assert len(names) < len(files) and len(dirs) == 2, "the test needs files with an object per partition"
+        summary = f"files:  {len(names)} files, as {len(files)} Parquet objects in {len(dirs)} event_date partitions"
+        assert summary in out, out
 
 
 def test_verify_counts_missing_duplicated_and_unexpected_rows(tmp_path):

@@ -26,6 +26,7 @@ from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
 
 from filesink.cli import parse_duration, parse_size
 from filesink.preflight import input_files
+from filesink.run import STOPPING
 
 PARTS = ("event_date",)
 FAST_START = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -207,7 +208,7 @@ def test_available_now_then_more_input_then_a_schema_change(tmp_path):
     expected = Counter(_write(tmp_path / "in", 0) + _write(tmp_path / "in", 1))
     proc = filesink(*_args(tmp_path, "--available-now", "--max-files-per-trigger", "1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "done: 600 rows in 2 batches" in proc.stdout
+    assert "done: 600 rows in (2 batches)" in proc.stdout
     assert "the log store holds nothing" in proc.stdout
     assert "epoch 1:" in proc.stderr, "progress is shown (a line per epoch when not on a terminal)"
     assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
@@ -215,7 +216,7 @@ def test_available_now_then_more_input_then_a_schema_change(tmp_path):
     expected.update(_write(tmp_path / "in", 2))  # a file lands later: only it is read by the next run
     proc = filesink(*_args(tmp_path, "--available-now"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "done: 300 rows in 1 batch" in proc.stdout
+    assert "done: 300 rows in (1 batch)" in proc.stdout
     assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
 
     # The same sink fed files of another schema: refused before the query starts, nothing changes.
@@ -253,10 +254,11 @@ def _two_epochs_in(line: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["sigterm-to-the-command", "ctrl-c-to-the-process-group"])
+@pytest.mark.parametrize("how", ["sigterm-to-the-command", "ctrl-c-to-the-process-group", "ctrl-c-twice"])
 def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
     """SIGTERM to the command (a service manager), or SIGINT to its whole process group (Ctrl-C at a terminal:
-    the JVM ignores it, Spark's Python workers do not)."""
+    the JVM ignores it, Spark's Python workers do not); or Ctrl-C twice, which stops at once (exit 130) and
+    says what it left."""
     expected: Counter = Counter()
     for b in range(8):
         expected.update(_write(tmp_path / "in", b))
@@ -277,12 +279,24 @@ def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
             proc.send_signal(signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGINT)
+        if how == "ctrl-c-twice":
+            time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
         out, err = communicate(proc, 120, "the stopped run to exit")
     finally:
         kill(proc, group=True)
-    assert proc.returncode == 0, err[-3000:]
-    assert "stopping: waiting for the batch in progress" in err
-    assert out.startswith("stopped: ") and "the log store holds " in out and "not yet in files" in out, out
+    if how == "ctrl-c-twice":
+        assert proc.returncode == 130, err[-3000:]
+        # The local JVM is killed before the line is written, so Spark's shutdown traces do not bury it; a Python
+        # worker of Spark's, which had the Ctrl-C too, may still print after it.
+        said = [line for line in err.splitlines() if line.startswith("stopped at once (exit 130): the batch in ")]
+        assert len(said) == 1, err[-3000:]
+        assert re.search(r"the log store holds ([\d,]+ rows \(.* of log\) from epochs? [\d-]+|nothing) not yet", said[0])
+        assert "Nothing is lost." in said[0] and not out, out
+    else:
+        assert proc.returncode == 0, err[-3000:]
+        assert f"{STOPPING}\n" in err, "one line, never broken mid-sentence"
+        assert out.startswith("stopped: ") and "the log store holds " in out and "not yet in files" in out, out
     proc = filesink(*_args(tmp_path, "--available-now", "--max-files-per-trigger", "3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_pyarrow(str(tmp_path / "out"), None, PARTS) == expected
@@ -313,8 +327,23 @@ def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     expected.update(_write(tmp_path / "in", 3))
     proc = filesink(*args, "--log-store", log, env=creds)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "rebuilt the state of sink" in proc.stdout + proc.stderr, proc.stdout + proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr
+    assert said.count("rebuilt the state of sink") == 1 and "so its state was rebuilt" not in said, said[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected
+    # `recover` on the state directory reaches the same S3 server without --s3-endpoint: the state remembers it
+    # (never a credential), and a wrong secret gets the same message as `run`'s.
+    assert json.loads((tmp_path / "state" / "s3-settings.json").read_text()) == {"endpoint_url": s3_server.endpoint}
+    assert s3_server.secret_key not in (tmp_path / "state" / "s3-settings.json").read_text()
+    env = {**creds, "AWS_ENDPOINT_URL": "", "AWS_ENDPOINT_URL_S3": ""}
+    proc = filesink("recover", "status", "--state-dir", str(tmp_path / "state"), "--no-verify", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"log store: {log}" in proc.stdout and "pending files: 0" in proc.stdout, proc.stdout
+    wrong = {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-never-printed"}
+    proc = filesink("recover", "plan", "--state-dir", str(tmp_path / "state"), env=wrong)
+    assert proc.returncode == 1 and not proc.stdout, proc.stdout + proc.stderr
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"error: the log store {log}: {s3_server.endpoint} refused access with access key id")
+    assert "Check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in message and "wrong-secret" not in proc.stderr
 
 
 @pytest.mark.slow

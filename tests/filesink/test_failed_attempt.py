@@ -20,7 +20,7 @@ from collections import Counter
 import pytest
 import zombie_writer
 from helpers import SUPPORT, communicate, kill, process_state, support_env, wait_for_exit, wait_until
-from sink_helpers import _fs, append_epoch, batch_rows, read_duckdb, read_pyarrow
+from sink_helpers import _fs, append_epoch, batch_rows, needs_single_driver, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.output.fencing import PREFIX, term_dir
@@ -138,7 +138,7 @@ def test_stalled_attempt_is_fenced_after_restart_although_its_retry_recorded_the
     def open_sink(parallelism: int) -> ExactlyOnceParquetSink:
         return ExactlyOnceParquetSink(
             path, tmp_path / "state", log_store=log_store, vnodes=8, parallelism=parallelism, rollover=RULES,
-            storage_options=s3_options,
+            storage_options=s3_options, single_driver=needs_single_driver(log_store, s3_options),
         )  # fmt: skip
 
     expected: Counter = Counter()

@@ -9,7 +9,8 @@ from rich.console import Console
 from sink_helpers import append_epoch, batch_rows
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.progress import Progress, held, size
+from filesink.output import OutputLocation, list_objects
+from filesink.progress import Progress, files_line, held, rows_line, size
 
 
 def _sink(tmp_path):
@@ -41,7 +42,7 @@ def test_backlog_and_files_as_a_line_per_epoch(tmp_path):
     committed = sink.stats.file_sizes
     assert len(committed) == 2 and all(s > 0 for s in committed)
     assert lines[1].endswith(
-        f"log backlog nothing, files committed 2 ({size(sum(committed))}; median "
+        f"log backlog nothing, files committed 2 ({size(sum(committed))}; median file "
         f"{size(sum(committed) / 2)}, last {size(committed[-1])})"
     )
     assert held(sink.state_dir).rows == 0
@@ -56,7 +57,7 @@ def test_a_live_panel_on_a_terminal(tmp_path):
     with Progress(Console(file=buffer, force_terminal=True, width=120), sink.stats, sink.state_dir, "job") as p:
         p.update()
     text = buffer.getvalue()
-    for expected in ("job", "epoch", "rows in", "250 in 1 batch", "log backlog", "250 rows", "files committed"):
+    for expected in ("job", "epoch", "rows in", "250 (1 batch)", "log backlog", "250 rows", "files committed"):
         assert expected in text, text
     sink.close()
 
@@ -68,3 +69,21 @@ def test_sizes():
         "128.0 MiB",
         "3.0 GiB",
     ]
+
+
+def test_files_of_a_partitioned_output_are_counted_as_objects_too(tmp_path):
+    rollover = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
+    out = tmp_path / "out"
+    sink = ExactlyOnceParquetSink(
+        str(out), tmp_path / "state", vnodes=8, parallelism=2, rollover=rollover, partition_by=["event_date"]
+    )
+    append_epoch(sink, 0, batch_rows(0, 300))
+    sink.flush()
+    objects = [key for key, _ in list_objects(OutputLocation(str(out), {})) if key.endswith(".parquet")]
+    s = sink.stats
+    assert s.files_committed == 2 and s.objects == len(objects) > 2, (s, objects)
+    assert files_line(s.file_sizes, s.objects).startswith(f"2, as {len(objects)} Parquet objects (")
+    assert files_line(s.file_sizes, 2).startswith("2 ("), "one object per file: no second count"
+    s.replayed = 1
+    assert rows_line(s) == "0 rows in (0 batches; 1 batch run again, already in the log store)"
+    sink.close()

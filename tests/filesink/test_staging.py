@@ -66,7 +66,8 @@ def test_temp_files_in_the_output_staging_directory_are_invisible_to_readers(tmp
     shutil.copy(written, staged / f".{written.stem}.00000.attempt.tmp")
     assert read_pyarrow(str(out)) == Counter(rows)
     assert read_duckdb(str(out)) == Counter(rows)
-    assert [key for key, _ in list_objects(OutputLocation(str(out)))] == ["_filesink.json", written.name]
+    listed = [key for key, _ in list_objects(OutputLocation(str(out)))]
+    assert listed == ["_filesink.json", "_filesink_mark.json", written.name]
 
 
 def test_recovery_fences_and_removes_what_writers_left_where_earlier_versions_staged(tmp_path):
@@ -99,4 +100,7 @@ def test_recovery_fences_and_removes_what_writers_left_where_earlier_versions_st
         append_epoch(sink, 1, rows)
         sink.flush()
     assert read_pyarrow(str(out)) == expected
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == ["_filesink.json"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == [
+        "_filesink.json",
+        "_filesink_mark.json",
+    ]

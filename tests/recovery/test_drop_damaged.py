@@ -457,7 +457,7 @@ def test_a_run_fenced_while_it_gives_up_leaves_no_record(tmp_path, request, monk
     _, _, victim = hold_epochs(setup, epochs=2)
     storage(setup).delete(victim)
     store = LogStore.open(setup.state, setup.log)
-    store.term = store.home.published_term()
+    store.term = store.home.newest_term()
     assert store.term is not None
     damaged = store.damaged(quick=True)
     assert [d.name for d in damaged] == [victim]
@@ -465,7 +465,7 @@ def test_a_run_fenced_while_it_gives_up_leaves_no_record(tmp_path, request, monk
 
     def write_then_newer_run_starts(record):
         write(record)
-        store.home.publish_term(store.term + 1)
+        store.home.take_term(store.term)
 
     monkeypatch.setattr(store.home, "write_given_up", write_then_newer_run_starts)
     with pytest.raises(FencedError):

@@ -94,13 +94,17 @@ def test_status_and_plan_rebuild_in_memory_and_change_nothing(lost, tmp_path):
     assert plan.returncode == 0, plan.stderr
     assert f"rebuilt the state of sink {lost['sink_id']}" in plan.stderr
     assert "3 epochs held (300 rows)" in plan.stderr and "2 pending files" in plan.stderr
+    assert "in memory" in plan.stderr and ":memory:" not in plan.stderr, plan.stderr
     assert "commit" in plan.stdout and "drop" in plan.stdout, plan.stdout
     assert _home(lost) == before, "status and plan wrote nothing to the durable home"
     assert not (tmp_path / "state").exists()
 
 
 def test_apply_without_a_state_directory_resolves_in_the_home(lost):
-    done = _recover(lost, "apply", "--log-store", lost["log"], "--json")
+    # The killed run renewed its term record moments ago: apply cannot tell it from a live one and refuses.
+    alive = _recover(lost, "apply", "--log-store", lost["log"], "--json")
+    assert alive.returncode == 3 and "--owner-lease" in alive.stderr, alive.stderr
+    done = _recover(lost, "apply", "--log-store", lost["log"], "--json", "--owner-lease", "0")  # it is gone
     assert done.returncode == 0, done.stderr
     actions = sorted(f["action"] for f in json.loads(done.stdout)["files"])
     assert actions == ["commit", "drop"], done.stdout
@@ -122,5 +126,25 @@ def test_what_to_give_when_there_is_no_state(lost, tmp_path):
     assert "--log-store" in missing.stderr, missing.stderr
     neither = _recover(lost, "status")
     assert neither.returncode == 2 and "--log-store" in neither.stderr, neither.stderr
+    assert neither.stderr.startswith("usage: python -m recovery status"), "the step's usage, not the command's"
     nothing = _recover(lost, "status", "--log-store", lost["log"] + "-nothing-here")
     assert nothing.returncode == 4 and "no sink's durable home" in nothing.stderr, nothing.stderr
+
+
+def test_apply_into_a_new_state_directory_records_the_s3_endpoint_for_the_next_steps(lost, tmp_path):
+    new = tmp_path / "state-new"
+    done = _recover(lost, "apply", "--log-store", lost["log"], "--state-dir", str(new), "--owner-lease", "0")
+    assert done.returncode == 0, done.stderr
+    recorded = json.loads((new / "s3-settings.json").read_text())
+    assert recorded == {"endpoint_url": lost["flags"][1], "region_name": lost["flags"][3]}, recorded
+    env = {k: v for k, v in lost["env"].items() if not k.startswith("AWS_ENDPOINT_URL")}
+    status = run(
+        [sys.executable, "-m", "recovery", "status", "--state-dir", str(new), "--json"],
+        120,
+        "recover status without the S3 flags",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["pending_files"] == []

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pyarrow.parquet as pq
 from sink_helpers import _fs, read_duckdb, read_pyarrow
 
-from filesink.output import CLAIM_NAME, is_file_name
+from filesink.output import CLAIM_NAME, MARK_NAME, is_file_name
 
 
 @dataclass
@@ -64,8 +64,8 @@ def stray_objects(path: str, options: dict | None, sink_id: str | None = None) -
     for full in sorted(fs.find(root)):
         key = full[len(root.rstrip("/")) + 1 :]
         base = key.rsplit("/", 1)[-1]
-        if key == CLAIM_NAME:
-            continue  # the sink's claim on the output
+        if key in (CLAIM_NAME, MARK_NAME):
+            continue  # the sink's claim on the output, and its commit mark
         named = is_file_name(sink_id, base) if sink_id else base.startswith("part-") and base.endswith(".parquet")
         if not named:
             stray.append(key)

@@ -39,13 +39,14 @@ def _fs(path: str, options: dict | None):
 
 
 def parquet_files(path: str, options: dict | None = None) -> list[str]:
-    """Every object under the output, relative to it (but the sink's claim, ``_filesink.json``)."""
-    from filesink.output import CLAIM_NAME
+    """Every object under the output, relative to it (but the sink's claim and commit mark, ``_filesink*.json``)."""
+    from filesink.output import CLAIM_NAME, MARK_NAME
 
     fs, root = _fs(path, options)
     if not fs.exists(root):
         return []
-    return sorted(k for k in (p[len(root.rstrip("/")) + 1 :] for p in fs.find(root)) if k != CLAIM_NAME)
+    keys = (p[len(root.rstrip("/")) + 1 :] for p in fs.find(root))
+    return sorted(k for k in keys if k not in (CLAIM_NAME, MARK_NAME))
 
 
 def read_pyarrow(path: str, options: dict | None = None, partition_by: tuple[str, ...] = ()) -> Counter:
@@ -115,3 +116,13 @@ def run_query(spark, sink, source: Path, checkpoint: Path, *, files_per_batch: i
     except StreamingQueryException as e:
         return e
     return query.exception()
+
+
+def needs_single_driver(log_store: str, options: dict | None) -> bool:
+    """Whether the log store's server fails the start's probe of conditional create (rclone's ignores it), so
+    a sink there runs only with ``single_driver=True``: asked of the server, as the sink does."""
+    from logstore import LogLocation
+    from logstore.conditional import ConditionalCreate, probe_conditional_create
+
+    storage = LogLocation(log_store, dict(options or {})).open()
+    return probe_conditional_create(storage).outcome is not ConditionalCreate.HONOURED

@@ -8,6 +8,10 @@ storage options); without it, under STATE.
 
 Reads the Parquet files of INPUT one per micro-batch (available-now), writes them through the sink, flushes
 and prints ``done``. Killed at any moment, it is simply started again.
+
+With the SINK_JOB_GATE variable (a path), it starts Spark, prints ``ready`` and waits until that path exists
+before it creates the sink (which takes ownership: recovery, a new writer term): a test starts the next driver
+while the current one still runs, and lets it take over at a moment of its choosing.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from typing import Any
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.localspark import local_spark
@@ -22,17 +28,38 @@ from filesink.localspark import local_spark
 SCHEMA = "id long, user_id long, event_date string, amount double"
 FAST_START = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 """A short-lived test job starts much faster without the JVM's optimizing compiler and parallel GC."""
+GATE_TIMEOUT = 900.0
+"""Seconds a gated job waits for its gate before it gives up (the test that started it is gone)."""
 
 
 def main() -> None:
     source, output, state, checkpoint, parallelism = sys.argv[1:6]
     log_store = os.environ.get("SINK_JOB_LOG_STORE") or None
     spark = local_spark("filesink-kill-test", conf=FAST_START)
+    gate = os.environ.get("SINK_JOB_GATE")
+    if gate:
+        print("ready", flush=True)
+        wait_for(gate)
     run(spark, source, output, state, checkpoint, int(parallelism), log_store)
 
 
+def wait_for(gate: str) -> None:
+    """Wait until the path ``gate`` exists; exit with an error after GATE_TIMEOUT seconds."""
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            sys.exit(f"the gate {gate} did not open within {GATE_TIMEOUT:g} s")
+        time.sleep(0.02)
+
+
 def run(
-    spark, source: str, output: str, state: str, checkpoint: str, parallelism: int, log_store: str | None = None
+    spark: Any,
+    source: str,
+    output: str,
+    state: str,
+    checkpoint: str,
+    parallelism: int,
+    log_store: str | None = None,
 ) -> None:
     """The job on ``spark``; the log store at ``log_store`` (default: under ``state``)."""
     sink = ExactlyOnceParquetSink(
@@ -47,7 +74,7 @@ def run(
     )
     print("started", flush=True)
 
-    def batch(df, batch_id):  # the sink, and a progress line the kill test waits for
+    def batch(df: Any, batch_id: int) -> None:  # the sink, and a progress line the kill test waits for
         sink(df, batch_id)
         print(f"batch {batch_id}", flush=True)
 

@@ -1,0 +1,57 @@
+"""The command line's usage errors: a mistyped option is named with the closest real one, before any other
+complaint, and no abbreviation is taken for an option."""
+
+from __future__ import annotations
+
+import pytest
+
+from filesink.cli import build_parser
+from recovery.cli import main as recovery_main
+
+RUN = ["run", "--input", "in", "--output", "out", "--state-dir", "state"]
+
+
+def _usage_error(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--ouput", "./x"], "filesink run: error: unrecognized option --ouput; did you mean --output?"),
+        (
+            [*RUN, "--partition", "d"],
+            "filesink run: error: unrecognized option --partition; did you mean --partition-by?",
+        ),
+        ([*RUN, "--target-size=1MiB"], "unrecognized option --target-size; did you mean --target-file-size?"),
+        (
+            ["recover", "status", "--stat-dir", "s"],
+            "filesink recover status: error: unrecognized option --stat-dir; did you mean --state-dir?",
+        ),
+        (["demo", "--file", "3"], "filesink demo: error: unrecognized option --file; did you mean --files?"),
+        ([*RUN, "--frobnicate"], "unrecognized option --frobnicate; see `filesink run --help` for the options"),
+    ],
+)
+def test_a_mistyped_option_is_named_with_the_closest_one(capsys, argv, message):
+    assert _usage_error(capsys, argv).endswith(message)
+
+
+def test_no_abbreviation_is_taken_for_an_option(capsys):
+    # A prefix of exactly one option was taken for it before (argparse's allow_abbrev): now it is refused.
+    assert "unrecognized option --available" in _usage_error(capsys, [*RUN, "--available"])
+    assert "unrecognized option --accept-dup" in _usage_error(capsys, [*RUN, "--accept-dup"])
+
+
+def test_what_is_spelled_out_still_parses():
+    args = build_parser().parse_args([*RUN, "--partition-by", "d", "--parallelism", "2", "--conf", "a=-Xss4m"])
+    assert args.partition_by == ["d"] and args.parallelism == 2 and args.conf == [("a", "-Xss4m")]
+
+
+def test_python_m_recovery_names_a_mistyped_option_too(capsys):
+    with pytest.raises(SystemExit) as e:
+        recovery_main(["plan", "--log-stor", "s3://b/p"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("unrecognized option --log-stor; did you mean --log-store?")

@@ -1,0 +1,121 @@
+"""The start-up probe of conditional create (``logstore/conditional.py``), asked of each real store: local disk,
+SeaweedFS, moto's server and rclone's ``serve s3`` (docs/protocol.md#conditional-create-and-ownership)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from s3servers import S3_SERVERS
+
+from filesink.demo.s3server import S3Settings
+from logstore.conditional import (
+    PROBE_DIR,
+    ConditionalCreate,
+    probe_conditional_create,
+    require_conditional_create,
+)
+from logstore.errors import ConditionalCreateError
+from logstore.home import HOME
+from logstore.storage import ConditionalPut, FsspecStorage, LocalStorage, LogLocation, PutAnswer, Storage
+
+EXPECTED = {
+    "local": ConditionalCreate.HONOURED,
+    "seaweedfs": ConditionalCreate.HONOURED,
+    "moto": ConditionalCreate.HONOURED,
+    "rclone": ConditionalCreate.IGNORED,
+}
+"""What each store did when measured (SeaweedFS 4.48, moto 5.2.5, rclone 1.75.2): a server that changes its
+answer fails the test, and then docs/protocol.md and docs/testing.md's table change with it."""
+
+
+@pytest.fixture(params=list(EXPECTED))
+def store(request: pytest.FixtureRequest, tmp_path) -> tuple[str, Storage]:
+    """(name, storage) of an empty log store location on each store."""
+    if request.param == "local":
+        return "local", LogLocation(str(tmp_path / "log")).open()
+    server: S3Settings = request.getfixturevalue(S3_SERVERS[request.param])
+    return request.param, LogLocation(server.url(f"test-{uuid.uuid4().hex}", "log"), server.storage_options()).open()
+
+
+@pytest.mark.timeout(120)
+def test_the_probe_sees_what_each_store_does_and_leaves_nothing(store):
+    name, storage = store
+    probe = probe_conditional_create(storage)
+    assert probe.outcome is EXPECTED[name], probe
+    assert probe.where.startswith(storage.display(PROBE_DIR) + "/") and probe.where.endswith(".json")
+    if isinstance(storage, FsspecStorage):
+        assert probe.server and probe.server.startswith("http://127.0.0.1:")
+        expected_seen = "HTTP 412 PreconditionFailed" if probe.honoured else "HTTP 200"
+        assert probe.seen == expected_seen, probe
+    assert list(storage.list_files()) == []  # the probe object is deleted, nothing else was written
+
+
+def test_a_store_that_ignores_the_condition_stops_the_start_unless_single_driver(rclone_server, caplog):
+    storage = LogLocation(rclone_server.url(f"test-{uuid.uuid4().hex}", "log"), rclone_server.storage_options()).open()
+    with pytest.raises(ConditionalCreateError) as raised:
+        require_conditional_create(storage, single_driver=False)
+    message = str(raised.value)
+    for part in (
+        storage.display(HOME),
+        rclone_server.endpoint,
+        "conditional create: PUT with If-None-Match: *",
+        "replaced the object",
+        "HTTP 200",
+        "both own the sink",
+        "twice to the output or lost",
+        "single_driver=True",
+        "filesink run --single-driver",
+        "filesink recover apply --single-driver",
+        "at most one driver or recover command runs on this sink at a time: nothing fences a second one",
+    ):
+        assert part in message, (part, message)
+
+    with caplog.at_level(logging.WARNING, logger="logstore.conditional"):
+        assert require_conditional_create(storage, single_driver=True) is None
+        require_conditional_create(storage, single_driver=True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # once per location and process
+    assert storage.display(HOME) in warnings[0] and "single-driver operation" in warnings[0]
+    assert list(storage.list_files()) == []
+
+
+def test_a_server_that_refuses_the_condition_is_refused_with_its_code(s3_server, fault_proxy, proxy_options):
+    storage = LogLocation(s3_server.url(f"test-{uuid.uuid4().hex}", "log"), proxy_options).open()
+    fault_proxy.inject("unsupported", "PutObject")  # 501 NotImplemented, as from a server without the condition
+    probe = probe_conditional_create(storage)
+    assert probe.outcome is ConditionalCreate.REFUSED and probe.seen == "HTTP 501 NotImplemented", probe
+    assert fault_proxy.requests.get("PutObject") == 1 and not fault_proxy.requests.get("DeleteObject")
+    fault_proxy.inject("unsupported", "PutObject")
+    with pytest.raises(ConditionalCreateError, match=r"refused as unsupported \(HTTP 501 NotImplemented\)"):
+        require_conditional_create(storage, single_driver=False)
+    assert list(storage.list_files()) == []
+    # Storage.create on such a server: the HEAD, the refused conditional PUT, then a plain write.
+    fault_proxy.inject("unsupported", "PutObject")
+    assert storage.create("home/terms/0000000001.json", b"first") is True
+    assert storage.create("home/terms/0000000001.json", b"second") is False  # the HEAD finds it
+    assert storage.read_all("home/terms/0000000001.json") == b"first"
+
+
+def test_local_disk_honours_it_without_a_word(tmp_path, caplog):
+    storage = LocalStorage(tmp_path / "log")
+    with caplog.at_level(logging.WARNING):
+        require_conditional_create(storage, single_driver=False)
+    assert caplog.records == []
+    assert list(storage.list_files()) == []
+
+
+class _AlwaysExists(LocalStorage):
+    """A store that answers every conditional create as if the object existed (after writing it)."""
+
+    def conditional_put(self, relpath: str, data: bytes) -> ConditionalPut:
+        self.put(relpath, data)
+        return ConditionalPut(PutAnswer.EXISTS, "HTTP 412 PreconditionFailed")
+
+
+def test_a_store_that_says_a_new_object_exists_is_an_error_and_the_probe_cleans_up(tmp_path):
+    storage = _AlwaysExists(tmp_path / "log")
+    with pytest.raises(ConditionalCreateError, match="as if the object existed"):
+        probe_conditional_create(storage)
+    assert list(storage.list_files()) == []
