@@ -5,6 +5,7 @@ Not a test (pytest does not collect it). Run from the repository root::
 
     python tests/benchmarks/bench_home.py            # 4 rounds of 2 epoch sizes, a 10,000-epoch count: ~40 min
     python tests/benchmarks/bench_home.py --quick    # 1 round, a 1,000-epoch count: a smoke run, ~5 min
+    python tests/benchmarks/bench_home.py --skip cost --skip count   # the reads part alone
 
 The sink is :class:`ExactlyOnceParquetSink` driven without Spark (as ``bench_sinks_direct.py`` does): its append
 step is done in this process with the log store's ``append_segment``, one segment per writer (what each Spark
@@ -35,9 +36,15 @@ output's multipart uploads), by step of the epoch (append, seal, roll) and by wh
 
 The count runs take one sink (with the home) through 10,000 epochs of 100 rows and list ``home/`` and
 ``writers/`` after 100 epochs and at the end, and at every epoch of the 20 before each (the sink prunes the home
-at its garbage sweep, every 20 epochs). 10,000 epochs with the log store on S3 take hours here (writing a file
-reads its rows block by block, one GET each), so that run's log store is a local directory (the same records;
+at its garbage sweep, every 20 epochs). 10,000 epochs with the log store on S3 took hours here when writing a file
+read its rows block by block, one GET each, so that run's log store is a local directory (the same records;
 ``--count-on-s3`` to put it on S3), and a short count run of 200 epochs on S3 shows the same figures there.
+
+The reads part compares the log store on S3 with the log store in a local directory (output on S3 for both):
+two sinks with the home take the same epochs side by side, and for each roll that writes files it reports the
+S3 requests of reading the log segments (GET and HEAD of the log store's segments in the roll step), against
+the least a roll needs (one ranged GET per segment and file writer), and the roll's seconds.
+
 See ``docs/benchmarks.md``.
 """
 
@@ -199,6 +206,9 @@ class NoHome(DurableHome):
 
     def delete_epochs(self, epochs: Iterable[int]) -> int:
         return 0
+
+    def take_term(self, at_least: int, extra: Any = None) -> int:
+        return at_least + 1  # no term record, so none to read back
 
 
 @contextlib.contextmanager
@@ -564,6 +574,55 @@ def count_objects(
     return count_ratio, bytes_ratio
 
 
+# -- reading the log back: log store on S3 against a local directory -----------------------------------------
+
+
+def compare_reads(settings: S3Settings, work: Path, rows: int, epochs: int) -> dict[str, float]:
+    """Two sinks side by side, the log store of one on S3 and of the other in a local directory (output on S3 for
+    both); per roll that writes files: S3 requests of reading the log segments, and seconds. Returns the figures."""
+    batches = [Batch(make_batch(i * rows, rows, seed=300 + i)) for i in range(8)]
+    places = ("s3", "local")
+    variants = {place: Variant(True, Locations(settings, work, log_local=place == "local")) for place in places}
+    try:
+        for epoch in range(epochs):
+            first = (epoch + epoch // MAX_EPOCHS) % 2  # which goes first alternates, as in run_round
+            for place in (places[first], places[1 - first]):
+                variants[place].epoch(batches[epoch % len(batches)], epoch)
+    finally:
+        for variant in variants.values():
+            variant.close()
+    segments = MAX_EPOCHS * PARALLELISM  # what each file reads: every writer's segment of each of its epochs
+    least = segments * PARALLELISM  # one ranged GET per segment and file writer
+    print(
+        f"\nreading the log back, {rows:,} rows per epoch, {epochs} epochs per sink: a roll writes {PARALLELISM} "
+        f"files, each reading {segments} segments (least: {least} GETs per roll)"
+    )
+    print(
+        f"  {'log store':<10} {'rolls':>5} | {'GET/roll':>9} {'HEAD/roll':>9} | {'roll s (median)':>15} "
+        f"{'roll s (mean)':>13} | {'rows/s':>9}"
+    )
+    figures: dict[str, float] = {}
+    for place in places:
+        run = variants[place].run
+        rolls = run.select(True)
+        reads = per_epoch(rolls, step="roll", what="log segments")
+        roll_seconds = [e.steps.get("roll", 0.0) for e in rolls]
+        median_s = statistics.median(roll_seconds) if roll_seconds else 0.0
+        mean_s = statistics.fmean(roll_seconds) if roll_seconds else 0.0
+        figures[f"{place} roll s"] = median_s
+        figures[f"{place} rows/s"] = run.rows / run.seconds
+        figures[f"{place} GET/roll"] = reads["GET"]
+        print(
+            f"  {place:<10} {len(rolls):>5} | {reads['GET']:>9.1f} {reads['HEAD']:>9.1f} | {median_s:>15.2f} "
+            f"{mean_s:>13.2f} | {run.rows / run.seconds:>9,.0f}"
+        )
+    ratio = figures["s3 roll s"] / figures["local roll s"] if figures["local roll s"] else float("nan")
+    slower = figures["local rows/s"] / figures["s3 rows/s"]
+    print(f"  roll time S3 / local: {ratio:.2f}x (median); whole run, local rows/s / S3 rows/s: {slower:.2f}x")
+    print(f"  {load()}")
+    return figures
+
+
 # -- main ------------------------------------------------------------------------------------------------
 
 
@@ -596,7 +655,12 @@ def main(argv: list[str] | None = None) -> int:
         "--s3-count-epochs", type=int, default=None, help="epochs of the short count run on S3 (default 200, 0: none)"
     )
     parser.add_argument("--count-rows", type=int, default=100, help="rows per epoch of the count runs (default 100)")
-    parser.add_argument("--skip", choices=("cost", "count"), action="append", default=[], help="leave a part out")
+    parser.add_argument(
+        "--skip", choices=("cost", "count", "reads"), action="append", default=[], help="leave a part out"
+    )
+    parser.add_argument(
+        "--read-epochs", type=int, default=None, help="epochs per sink of the reads part (default 30; quick: 20)"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 4)
@@ -633,6 +697,10 @@ def main(argv: list[str] | None = None) -> int:
                     report_costs(runs, rows)
                     results.append((rows, ratio))
                     print(f"  {load()}")
+            if "reads" not in args.skip:
+                read_epochs = args.read_epochs or (20 if args.quick else 30)
+                for rows in args.rows:
+                    compare_reads(settings, work, rows, read_epochs)
             if "count" not in args.skip:
                 count_objects(settings, work, count_epochs, args.count_rows, local=not args.count_on_s3)
                 if s3_count_epochs and not args.count_on_s3:
