@@ -15,16 +15,19 @@ depend on the columns, a few hundred bytes per extra group: under 0.1 % of a sam
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from logstore import read_plan
+from logstore import ReadItem, read_plan
+from logstore.segment import Block
 
 from .writer import FileTask, conform, file_schemas, parquet_options, split_partitions
 
@@ -56,19 +59,21 @@ def sample_ratio(task: FileTask, max_rows: int) -> Sample:
     Raises the log store's errors (:class:`logstore.SegmentError`) as the file writer would.
     """
     schema, data_columns, file_schema = file_schemas(task)
-    lengths = [block.length for item in task.plan for block in item.blocks]
+    plan = first_rows(task.plan, max_rows)
+    lengths = [block.length for item in plan for block in item.blocks]
     per_partition: dict[str, list[pa.RecordBatch]] = {}
     rows = log_bytes = 0
-    for length, item in zip(lengths, read_plan(task.log.open(), task.plan), strict=False):
-        log_bytes += length
-        batch = conform(item.batch, schema, task, item)
-        if batch.num_rows == 0:
-            continue
-        for directory, part in split_partitions(batch, task.partition_by, data_columns):
-            per_partition.setdefault(directory, []).append(part)
-        rows += batch.num_rows
-        if rows >= max_rows:
-            break
+    with contextlib.closing(read_plan(task.log.open(), plan)) as read:  # closed: its read-ahead stops
+        for length, item in zip(lengths, read, strict=True):
+            log_bytes += length
+            batch = conform(item.batch, schema, task, item)
+            if batch.num_rows == 0:
+                continue
+            for directory, part in split_partitions(batch, task.partition_by, data_columns):
+                per_partition.setdefault(directory, []).append(part)
+            rows += batch.num_rows
+            if rows >= max_rows:
+                break
     parquet_bytes = 0
     for batches in per_partition.values():
         table = pa.Table.from_batches(batches, file_schema)
@@ -76,6 +81,26 @@ def sample_ratio(task: FileTask, max_rows: int) -> Sample:
     ratio = parquet_bytes / log_bytes if log_bytes else 1.0
     log.info("file %s: %d sampled rows encode to %.3f Parquet bytes per log byte", task.name, rows, ratio)
     return Sample(ratio, rows)
+
+
+def first_rows(plan: Sequence[ReadItem], rows: int) -> list[ReadItem]:
+    """The start of ``plan`` that holds at least ``rows`` rows (by the blocks' row counts), or all of it.
+
+    Only these blocks are read: on an object store the reader fetches ahead of the rows it yields (up to its
+    buffer), so a sample that stopped reading the whole plan early still fetched far more than it used."""
+    taken: list[ReadItem] = []
+    left = rows
+    for item in plan:
+        if left <= 0:
+            break
+        blocks: list[Block] = []
+        for block in item.blocks:
+            if left <= 0:
+                break
+            blocks.append(block)
+            left -= block.rows
+        taken.append(item if len(blocks) == len(item.blocks) else replace(item, blocks=tuple(blocks)))
+    return taken
 
 
 def encoded_size(table: pa.Table, options: dict[str, Any], row_group_rows: int) -> int:

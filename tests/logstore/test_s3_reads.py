@@ -21,6 +21,7 @@ from faultproxy import FaultProxy
 
 from filesink.demo.s3server import S3Settings
 from filesink.output import OutputLocation
+from filesink.sizing import first_rows, sample_ratio
 from filesink.writer import FileTask, write_file
 from logstore import (
     LogLocation,
@@ -292,3 +293,19 @@ def test_a_listing_is_one_request_also_when_the_prefix_holds_nothing(shared, pro
     assert spent == Counter({"ListObjectsV2": 2}), spent
     assert len(segments) == TASKS and all(size > 0 for _, size in segments), segments
     assert all(path.startswith(f"{0:020d}/") and path.endswith(".seg") for path, _ in segments), segments
+
+
+def test_the_size_rules_sample_fetches_only_the_blocks_it_encodes(shared, proxy):
+    """The reader fetches ahead of the rows it yields; the sample reads a plan cut to its rows, so it does not
+    fetch the rest of a writer's share of the log (it once read about as much as the files' writers did)."""
+    plan = shared.plans()[2]
+    task = FileTask(
+        name="part-sample", log=shared.store.location, plan=plan, schema_bytes=SCHEMA.serialize().to_pybytes()
+    )
+    cut = first_rows(plan, 50)
+    assert 50 <= sum(b.rows for item in cut for b in item.blocks) < sum(b.rows for item in plan for b in item.blocks)
+    before = proxy.requests["GetObject"]
+    sample = sample_ratio(task, 50)
+    gets = proxy.requests["GetObject"] - before
+    assert sample.rows >= 50 and sample.ratio > 0
+    assert gets == len(plan_reads(cut)[0]) < len(plan_reads(plan)[0]), gets
