@@ -291,7 +291,8 @@ def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
         # worker of Spark's, which had the Ctrl-C too, may still print after it.
         said = [line for line in err.splitlines() if line.startswith("stopped at once (exit 130): the batch in ")]
         assert len(said) == 1, err[-3000:]
-        assert re.search(r"the log store holds ([\d,]+ rows \(.* of log\) from epochs? [\d-]+|nothing) not yet", said[0])
+        held = r"the log store holds ([\d,]+ rows \(.* of log\) from epochs? [\d-]+|nothing) not yet"
+        assert re.search(held, said[0]), said[0]
         assert "Nothing is lost." in said[0] and not out, out
     else:
         assert proc.returncode == 0, err[-3000:]
