@@ -8,10 +8,12 @@ Layout (all integers little-endian)::
     footer                             UTF-8 JSON describing every block (see ``SegmentDescriptor``)
     footer length (u32) | footer CRC-32 (u32) | MAGIC
 
-A block holds rows of exactly one vnode, at most ``max_block_bytes`` of them (one block is the unit of
-reading, so it bounds the reader's memory). Every block and the schema carry a CRC-32 of their bytes; the
-descriptor is also recorded in the state database when the epoch is sealed, so a reader never trusts the file
-alone.
+A block holds rows of exactly one vnode, at most ``max_block_bytes`` of them in memory (one block is the unit
+of reading, so it bounds the reader's memory). A block's body may be compressed (Arrow IPC body compression,
+which the message itself records): the log store compresses blocks on object stores, where every byte crosses
+the network twice (:data:`logstore.append.OBJECT_STORE_COMPRESSION`). Every block and the schema carry a CRC-32
+of their bytes as stored; the descriptor is also recorded in the state database when the epoch is sealed, so a
+reader never trusts the file alone.
 """
 
 from __future__ import annotations
@@ -134,8 +136,9 @@ class SegmentEncoder:
     returns; :attr:`descriptor` describes the file they form once :meth:`finish` has run.
     """
 
-    def __init__(self, *, name: str, epoch: int, sink_id: str) -> None:
+    def __init__(self, *, name: str, epoch: int, sink_id: str, compression: str | None = None) -> None:
         self.name = name
+        self.compression = compression
         self.epoch = epoch
         self.sink_id = sink_id
         self._offset = len(MAGIC)
@@ -156,7 +159,7 @@ class SegmentEncoder:
         """
         if self._descriptor is not None:
             raise RuntimeError(f"segment {self.name} is already finished")
-        buf = rows.serialize()
+        buf = serialize_block(rows, self.compression)
         if vnode != self._vnode:
             self._close_run()
             self._vnode = vnode
@@ -198,6 +201,20 @@ class SegmentEncoder:
         return self._descriptor
 
 
+def serialize_block(rows: pa.RecordBatch, compression: str | None) -> Any:
+    """``rows`` as one Arrow IPC record batch message, its body buffers compressed with ``compression``
+    (``"zstd"``, ``"lz4"``) or not (None). A compressed message says so in its own metadata, so
+    :func:`decode_block` reads either kind, and a segment may hold both."""
+    if compression is None:
+        return rows.serialize()
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_stream(stream, rows.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write_batch(rows)
+    messages = pa.ipc.MessageReader.open_stream(stream.getvalue())
+    messages.read_next_message()  # the schema: a segment holds it once, after its blocks
+    return messages.read_next_message().serialize()
+
+
 def encode(
     batch: pa.RecordBatch,
     runs: list[tuple[int, int, int]],
@@ -206,13 +223,14 @@ def encode(
     epoch: int,
     sink_id: str,
     max_block_bytes: int,
+    compression: str | None = None,
 ) -> tuple[list[Any], SegmentDescriptor]:
     """Serialize ``batch`` (already sorted by vnode) into segment parts, all at once.
 
     ``runs`` lists ``(vnode, first row, row count)`` in vnode order. Returns the byte parts to write in order
     and the descriptor of the file they form. :class:`SegmentEncoder` does the same step by step.
     """
-    encoder = SegmentEncoder(name=name, epoch=epoch, sink_id=sink_id)
+    encoder = SegmentEncoder(name=name, epoch=epoch, sink_id=sink_id, compression=compression)
     per_block = rows_per_block(batch.nbytes, batch.num_rows, max_block_bytes)
     parts: list[Any] = [MAGIC, *encoder.blocks(batch, runs, per_block)]
     parts += encoder.finish(batch.schema)

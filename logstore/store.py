@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import sqlite_utils
 
 from . import segment
-from .append import AppendTarget, append_segment
+from .append import AppendTarget, append_segment, compression_for
 from .errors import (
     EpochNotSealedError,
     EpochOrderError,
@@ -263,7 +263,7 @@ class LogStore:
             )
         self.sink_id: str = sink_id
         self.vnodes: int = recorded_vnodes
-        self.target = AppendTarget(location, self.vnodes, self.sink_id)
+        self.target = AppendTarget(location, self.vnodes, self.sink_id, compression=compression_for(location))
         if not self.readonly:
             self.check_claim()
 
