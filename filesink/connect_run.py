@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import EXIT_OK, InputError, SinkOptionError
-from .progress import _plural
+from .progress import plural
 from .run import KILL_EXIT, RunConfig, _reader, _report_failure, _signals, _watch, make_sink, stream_writer
 
 
@@ -50,7 +50,7 @@ class QueryProgress:
                 self.rows[batch] = rows
                 total = sum(self.rows.values())
                 self.console.print(
-                    f"batch {batch}: {rows:,} rows in ({total:,} in {_plural(len(self.rows), 'batch')} this run)",
+                    f"batch {batch}: {rows:,} rows in ({total:,} in {plural(len(self.rows), 'batch')} this run)",
                     highlight=False,
                     soft_wrap=True,
                 )
@@ -121,7 +121,7 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
         verb = "stopped" if stop.is_set() else "done"
         rows = sum(progress.rows.values())
         out(
-            f"{verb}: {rows:,} rows in {_plural(len(progress.rows), 'batch')} through the Spark Connect server "
+            f"{verb}: {rows:,} rows in {plural(len(progress.rows), 'batch')} through the Spark Connect server "
             f"{_server(config.remote)}; {time.monotonic() - started:,.1f} s"
         )
         if stop.is_set():

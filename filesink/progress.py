@@ -64,7 +64,7 @@ def files_line(sizes: list[int], objects: int | None = None) -> str:
     if not sizes:
         return "none yet"
     median = statistics.median(sizes)
-    parts = f", as {_plural(objects, 'Parquet object')}" if objects is not None and objects != len(sizes) else ""
+    parts = f", as {plural(objects, 'Parquet object')}" if objects is not None and objects != len(sizes) else ""
     return f"{len(sizes)}{parts} ({size(sum(sizes))}; median file {size(median)}, last {size(sizes[-1])})"
 
 
@@ -74,8 +74,8 @@ def rows_line(stats: SinkStats) -> str:
 
 
 def batches_line(stats: SinkStats) -> str:
-    again = f"; {_plural(stats.replayed, 'batch')} run again, already in the log store" if stats.replayed else ""
-    return f"{_plural(stats.batches, 'batch')}{again}"
+    again = f"; {plural(stats.replayed, 'batch')} run again, already in the log store" if stats.replayed else ""
+    return f"{plural(stats.batches, 'batch')}{again}"
 
 
 class Progress:
@@ -144,5 +144,8 @@ class Progress:
         return Panel(table, title=self.title, expand=False)
 
 
-def _plural(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}es" if noun.endswith("ch") else f"{n:,} {noun}s"
+def plural(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless ``n`` is 1 (batches, epochs, files)."""
+    if n == 1:
+        return f"{n:,} {noun}"
+    return f"{n:,} {noun}es" if noun.endswith(("tch", "sh", "ss", "x")) else f"{n:,} {noun}s"

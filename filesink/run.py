@@ -33,7 +33,7 @@ from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
 from .preflight import check_input, check_master, check_s3, make_local_dir
-from .progress import Progress, files_line, held, rows_line
+from .progress import Progress, files_line, held, plural, rows_line
 from .rollover import Rollover
 from .sink import START_NOTICE, ExactlyOnceParquetSink
 
@@ -141,8 +141,11 @@ def _signals(on_first: Callable[[], None], last_words: Callable[[], str]) -> Ite
         count += 1
         if count > 1:
             try:
-                _end_local_jvm()  # first, so Spark's own last words do not come after ours
-                os.write(2, ("\n" + last_words() + "\n").encode())
+                words = last_words()
+                stderr = os.dup(2)
+                _quiet_stderr()  # threads of pyspark's print tracebacks once the JVM is gone: not after a stop
+                _end_local_jvm()  # so Spark's own shutdown traces do not come after ours
+                os.write(stderr, ("\n" + words + "\n").encode())
             finally:
                 os._exit(KILL_EXIT)
         on_first()
@@ -153,6 +156,15 @@ def _signals(on_first: Callable[[], None], last_words: Callable[[], str]) -> Ite
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def _quiet_stderr() -> None:
+    """Point this process's stderr at /dev/null (the process ends right after)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+    except OSError:
+        return
 
 
 def _end_local_jvm(deadline: float = 3.0) -> None:
@@ -368,13 +380,28 @@ def _report_failure(
     cause = batches.error if batches is not None else None
     if isinstance(cause, (FileSinkError, LogStoreError)):  # its own message says what to do (e.g. fenced: stop)
         raise cause
-    detail = "\n  ".join(spark_error_summary(cause if cause is not None else error))
+    summary = spark_error_summary(cause if cause is not None else error)
+    detail = "\n  ".join(summary)
+    if any(mark in line for line in summary for mark in CONCURRENT_QUERY):
+        fix = (
+            f"Another streaming query uses the same checkpoint ({config.checkpoint_dir}): two runs of this command "
+            "overlap, as during a rolling update. Let one of them run (the newer one owns the sink; the older is "
+            "fenced at its next step), and start this command again only once the other run has stopped"
+        )
+    else:
+        fix = (
+            f"Fix the cause (for example replace a malformed file in {config.input} with a corrected copy of the "
+            "same name) and run the same command again"
+        )
     out(
-        f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. Fix the cause "
-        f"(for example replace a malformed file in {config.input} with a corrected copy of the same name) and run "
-        "the same command again: it resumes with that batch."
+        f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}: it "
+        "resumes with that batch."
     )
     return EXIT_FAILED
+
+
+CONCURRENT_QUERY = ("Multiple streaming queries are concurrently using", "Multiple streaming jobs detected")
+"""What Spark says when two queries run on one checkpoint (Spark 4, and earlier versions)."""
 
 
 WRAPPERS = ("STREAM_FAILED", "FOREACH_BATCH_USER_FUNCTION_ERROR")
@@ -405,8 +432,8 @@ def _report_recovery(sink: ExactlyOnceParquetSink, out: Callable[[str], None]) -
         held = store.held_totals()
         out(
             f"the state directory was new: rebuilt the state of sink {store.sink_id} from its durable home at "
-            f"{store.location.canonical} (last sealed epoch {store.last_sealed_epoch}, {held.epochs} epochs held, "
-            f"{held.rows:,} rows, {len(done.from_home)} pending files)"
+            f"{store.location.canonical} (last sealed epoch {store.last_sealed_epoch}, "
+            f"{plural(held.epochs, 'epoch')} held, {held.rows:,} rows, {len(done.from_home)} pending files)"
         )
     if sink.given_up:
         out(given_up_line(sink.given_up))

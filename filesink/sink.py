@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from logstore import NOTHING, STATE_DB_NAME, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
+from logstore.conditional import require_conditional_create
 from logstore.failpoints import failpoint
 from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
@@ -245,7 +246,13 @@ class ExactlyOnceParquetSink:
         try:
             self._output = OutputLocation.of_sink(self.path, options, state).checked()  # before any state is made
             log_options = options if log_store and not is_local(log_store) else None
+            # Before anything of the sink is written (the log store's records, the output's claim): a store that
+            # cannot create only if absent stops the start here, unless single_driver.
+            log_location = LogLocation(local_log if log_store is None else log_store, log_options or {})
+            require_conditional_create(log_location.open(), single_driver=d.single_driver)
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
+            if new_state is not None:
+                new_state.log_opened()
             self._ledger = Ledger(self._store)
 
             def claim(defer: bool = True) -> None:
@@ -352,7 +359,10 @@ class ExactlyOnceParquetSink:
                 f"batch {batch_id} arrived, but this sink's state in {self.state_dir} is new and empty: the query's "
                 "checkpoint is past batch 0, so the state this sink had was lost (deleted, or on a disk that did "
                 "not outlive the driver's machine), and with it the rows it held and had not yet written. Nothing "
-                "was written. Restore the state directory (and log store) the query used before; or, to accept "
+                f"of this batch was written; this sink's start made its new state in {self.state_dir} and recorded "
+                f"itself as the owner of the output {self.path}, which holds no file of it (start again with this "
+                "state directory, or remove both). Restore the state directory (and log store) the query used "
+                "before; or, to accept "
                 "that those rows are not in the output (or when this is a new sink for a query that ran before), "
                 "create the sink with accept_state_loss=True (filesink run --accept-state-loss)."
             )
@@ -921,6 +931,7 @@ class ExactlyOnceParquetSink:
             file_task=self._file_task,
             single_driver=self._description.single_driver,
             accept_duplicates=self._description.accept_duplicates,
+            probed=True,  # by _open, before anything was written
         )
         assert done.term is not None
         self._term = done.term
@@ -933,7 +944,7 @@ class ExactlyOnceParquetSink:
             held = self._store.held_totals()
             log.warning(
                 "sink %s: the state directory %s was new, so its state was rebuilt from the durable home at %s: "
-                "last sealed epoch %d, %d epochs held (%d rows), %d pending files resolved",
+                "last sealed epoch %d, epochs held: %d (%d rows), %d pending files resolved",
                 self._store.sink_id,
                 self.state_dir,
                 self._store.location.canonical,
@@ -1062,6 +1073,13 @@ class _NewState:
     """The names in ``log_dir`` before the start."""
     kept: bool = False
     """Set once the start wrote what it does not remove: then it removes nothing."""
+    claims_log: bool = False
+    """Whether opening the log store claims a new remote location (its ``sink.json``, which is not removed): the
+    start keeps what it made once the log store is open (:meth:`log_opened`)."""
+
+    def log_opened(self) -> None:
+        if self.claims_log:
+            self.kept = True
 
     @classmethod
     def before(
@@ -1074,7 +1092,7 @@ class _NewState:
                     break
                 absent.add(place)
         location = log_store or str(state / "log")
-        kept = False
+        claims_log = False
         log_dir = None
         if is_local(location):
             log_dir = Path(LogLocation(location).canonical)
@@ -1082,14 +1100,14 @@ class _NewState:
                 log_dir = None  # a sink's log store (rebuilt from): the start does not add to it before it claims
         else:
             # the start claims a new log store's location (its sink.json), which is not removed
-            kept = _claim_of(location, options, CLAIM_FILE)[0] is None
+            claims_log = _claim_of(location, options, CLAIM_FILE)[0] is None
         return cls(
             state=state,
             entries=frozenset(_listdir(state)),
             absent=sorted(absent, key=lambda p: len(p.parts), reverse=True),
             log_dir=log_dir,
             log_entries=frozenset(_listdir(log_dir)) if log_dir is not None else frozenset(),
-            kept=kept,
+            claims_log=claims_log,
         )
 
     def remove_created(self) -> None:

@@ -32,6 +32,7 @@ from filesink.output import OutputLocation
 from filesink.output.claim import CLAIM_NAME, check_claim, move_claim, read_claim
 from filesink.output.probe import check_s3
 from filesink.planner import file_task, writer_ranges
+from filesink.progress import plural
 from filesink.writer import FileTask
 from logstore import DamagedSegment, GivenUp, LogLocation, LogStore, NoLogStoreError
 from logstore.home import CLAIM_FILE, FILES, SINK_RECORD, DurableHome, HomeView, term_path
@@ -379,8 +380,8 @@ def _print_plan(p: dict[str, Any], done: bool) -> None:
         f"garbage {'removed' if done else 'to remove'}: {g['staging_temp_files']} staging temp files "
         f"({g['staging_dirs']} fenced staging directories), {g['multipart_uploads']} multipart uploads in "
         f"progress, {g['writer_records']} writer records, {g['released_segments']} released and "
-        f"{g['unsealed_segments']} unsealed log segments, {g['log_temp_files']} log temp files "
-        f"({g['bytes']:,} bytes of log)"
+        f"{g['unsealed_segments']} unsealed log segments ({g['bytes']:,} bytes of log), {g['log_temp_files']} log "
+        "temp files"
     )
     if done:
         print(
@@ -399,7 +400,7 @@ def _rebuilt_line(sink: OpenSink) -> str:
     held = store.held_totals()
     return (
         f"rebuilt the state of sink {store.sink_id} from its durable home at {store.location.canonical}: "
-        f"{held.epochs} epochs held ({held.rows:,} rows), last sealed epoch {store.last_sealed_epoch}, "
+        f"{plural(held.epochs, 'epoch')} held ({held.rows:,} rows), last sealed epoch {store.last_sealed_epoch}, "
         f"{len(sink.ledger.pending_names())} pending files"
     )
 

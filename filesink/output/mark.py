@@ -53,9 +53,10 @@ def check_mark(output: OutputLocation, sink_id: str, points: Mapping[int, int], 
     if not behind:
         return mark
     first = behind[0]
+    has = f"only up to epoch {points[first]}" if points[first] >= 0 else "no epoch"
     raise StateBehindError(
         f"the output {output.url} holds files of sink {sink_id} committed through epoch {mark[first]} for vnode "
-        f"{first}, but {where} has that vnode only up to epoch {points[first]} (vnodes behind: "
+        f"{first}, but {where} has {has} of that vnode (vnodes behind: "
         f"{describe_vnodes(behind)}): this state is older than the output, most likely a state directory (and its log "
         f"store) restored from a backup or a snapshot. Starting from it would write those rows again. Nothing was "
         f"written or deleted. Restore the newest state directory and log store of the sink; or, if there is none, "

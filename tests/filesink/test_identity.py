@@ -128,6 +128,7 @@ def test_a_new_empty_state_refuses_a_first_batch_above_zero_unless_accepted(spar
     assert error is not None
     message = str(error)
     assert "StateLostError" in message and "batch 1 arrived" in message and "accept_state_loss=True" in message
+    assert "Nothing of this batch was written" in message and "recorded itself as the owner of the output" in message
     assert lost.log_store.last_sealed_epoch == -1, "nothing sealed"
     lost.close()
 
