@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from logstore import LogStore, LogStoreError
+from logstore import store as logstore_store
 from logstore.storage import is_local
+from logstore.store import REBUILD_NOTICE
 
 from . import s3options
 from . import sink as sink_module
@@ -185,18 +187,20 @@ def _end_local_jvm(deadline: float = 3.0) -> None:
 
 @contextmanager
 def _start_notices_said_here() -> Iterator[None]:
-    """Drop the sink's log records of what its start found (:data:`START_NOTICE`): :func:`_report_recovery` says
-    it once, in full."""
-    logger = logging.getLogger(sink_module.__name__)
+    """Drop the sink's and the log store's log records of what its start found (:data:`START_NOTICE`,
+    :data:`logstore.store.REBUILD_NOTICE`): :func:`_report_recovery` says it once, in full."""
+    loggers = [logging.getLogger(sink_module.__name__), logging.getLogger(logstore_store.__name__)]
 
     def said_here(record: logging.LogRecord) -> bool:
-        return not getattr(record, START_NOTICE, False)
+        return not getattr(record, START_NOTICE, False) and not getattr(record, REBUILD_NOTICE, False)
 
-    logger.addFilter(said_here)
+    for logger in loggers:
+        logger.addFilter(said_here)
     try:
         yield
     finally:
-        logger.removeFilter(said_here)
+        for logger in loggers:
+            logger.removeFilter(said_here)
 
 
 def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetSink:

@@ -62,6 +62,10 @@ RENEW_EVERY = 15.0
 """The epoch value meaning "none yet" for last sealed epochs and truncate points."""
 log = logging.getLogger(__name__)
 
+REBUILD_NOTICE = "logstore_rebuild_notice"
+"""Set (as ``extra``) on the log records that say a new state database is rebuilt from the durable home, so that
+a caller that reports the rebuild itself (``filesink run``) can drop them."""
+
 _WRITER_TERM = re.compile(r"^t(\d+)-")
 """Segment names of a sink's appends start with ``t<writer term>-`` (see :meth:`LogStore.writer_id`)."""
 
@@ -237,6 +241,7 @@ class LogStore:
                     self._where,
                     row[0],
                     self._db_named,
+                    extra={REBUILD_NOTICE: True},
                 )
             else:
                 row = (uuid.uuid4().hex, vnodes or DEFAULT_VNODES, location.canonical)
@@ -658,6 +663,7 @@ class LogStore:
                 int(imported[0]["epoch"]),
                 int(imported[-1]["epoch"]),
                 self._db_named,
+                extra={REBUILD_NOTICE: True} if self.rebuilt else None,
             )
         if adopt and self.term is not None:
             counted = {int(r["epoch"]) for r in view.epochs}

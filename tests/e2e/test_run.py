@@ -330,6 +330,7 @@ def test_run_to_s3(tmp_path, s3_server, s3_prefix, s3_options):
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = proc.stdout + proc.stderr
     assert said.count("rebuilt the state of sink") == 1 and "so its state was rebuilt" not in said, said[-3000:]
+    assert "is new: rebuilding it from the durable home" not in said and "sealed epochs (" not in said, said[-3000:]
     assert read_pyarrow(output, s3_options, PARTS) == expected
     # `recover` on the state directory reaches the same S3 server without --s3-endpoint: the state remembers it
     # (never a credential), and a wrong secret gets the same message as `run`'s.
