@@ -119,4 +119,3 @@ def test_a_store_that_says_a_new_object_exists_is_an_error_and_the_probe_cleans_
     with pytest.raises(ConditionalCreateError, match="as if the object existed"):
         probe_conditional_create(storage)
     assert list(storage.list_files()) == []
-
