@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from logstore import NOTHING, STATE_DB_NAME, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
+from logstore.conditional import require_conditional_create
 from logstore.failpoints import failpoint
 from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
@@ -245,6 +246,10 @@ class ExactlyOnceParquetSink:
         try:
             self._output = OutputLocation.of_sink(self.path, options, state).checked()  # before any state is made
             log_options = options if log_store and not is_local(log_store) else None
+            # Before anything of the sink is written (the log store's records, the output's claim): a store that
+            # cannot create only if absent stops the start here, unless single_driver.
+            log_location = LogLocation(local_log if log_store is None else log_store, log_options or {})
+            require_conditional_create(log_location.open(), single_driver=d.single_driver)
             self._store = LogStore.open(state, log_store, vnodes=vnodes, storage_options=log_options)
             if new_state is not None:
                 new_state.log_opened()
@@ -926,6 +931,7 @@ class ExactlyOnceParquetSink:
             file_task=self._file_task,
             single_driver=self._description.single_driver,
             accept_duplicates=self._description.accept_duplicates,
+            probed=True,  # by _open, before anything was written
         )
         assert done.term is not None
         self._term = done.term

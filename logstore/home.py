@@ -7,7 +7,10 @@ database from the home and recovers as usual. Under ``home/`` in the log store's
 - ``terms/<T>.json``: one record per writer term, created only if absent (a conditional create) when a run
   starts. Once the run has read the home, it adds ``base``: the last sealed epoch it adopted; as it works, it
   renews ``alive_at`` (``filesink recover apply`` refuses while the owner is alive);
-- ``epochs/<E>.json``: each sealed epoch's segment list, written before the database records the seal;
+- ``epochs/<E>-<T>.json``: each sealed epoch's segment list, as term ``T`` sealed it, written before the database
+  records the seal. Each term writes only its own names, so no run ever replaces another run's record (a
+  read-then-replace raced a newer run's seal and lost it; ``tests/simulation/findings.md``, G). Records of
+  earlier versions, ``epochs/<E>.json``, name their term inside and are read alike;
 - ``truncated/<T>.json``: per vnode, the truncate point, written by term ``T`` after its commits; the durable
   truncate point of a vnode is the highest over these records (each is a fact: a file covering it is visible);
 - ``files/<name>.json``: each pre-committed file, written before any byte of the file, deleted once the
@@ -29,6 +32,7 @@ back. Term records are pruned only below the pruning run's own term, so the newe
 read the home (split brain). Let ``B`` be the newest term that recorded its base. A record of term ``B`` or
 newer counts; a record of an older term counts only if its epoch is at most ``B``'s base: anything an older
 term wrote above it came after the newer run read the home, and the newer run ignores it (and deletes it).
+Where several records of one epoch count, the newest term's is the epoch's.
 Every change a driver makes here is preceded and followed by a term check, so a fenced driver stops at its
 next step. A store that does not create only if absent cannot host two runs: start-up probes it
 (:mod:`logstore.conditional`).
@@ -85,8 +89,20 @@ def term_path(term: int) -> str:
     return f"{TERMS}/{term:010d}.json"
 
 
-def epoch_path(epoch: int) -> str:
-    return f"{EPOCHS}/{epoch:020d}.json"
+def epoch_path(epoch: int, term: int) -> str:
+    return f"{EPOCHS}/{epoch:020d}-{term:010d}.json"
+
+
+def epoch_of(relpath: str) -> tuple[int, int | None] | None:
+    """``(epoch, term)`` of an epoch record's path; the term is None for an earlier version's ``<E>.json`` (its
+    record names it inside); None for a path that is no epoch record."""
+    stem = relpath.rsplit("/", 1)[-1].removesuffix(".json")
+    if not relpath.endswith(".json"):
+        return None
+    epoch, _, term = stem.partition("-")
+    if len(epoch) != 20 or not epoch.isdigit() or (term and (len(term) != 10 or not term.isdigit())):
+        return None
+    return int(epoch), (int(term) if term else None)
 
 
 def truncated_path(term: int) -> str:
@@ -111,7 +127,11 @@ class HomeView:
     term: int | None
     base: int | None
     epochs: list[dict[str, Any]] = field(default_factory=list)
+    """The record that counts of each epoch that has one."""
     stale_epochs: list[int] = field(default_factory=list)
+    """Epochs with records of which none counts."""
+    stale_records: list[str] = field(default_factory=list)
+    """Paths of epoch records that are not their epoch's: they do not count, or a newer term's counts."""
     truncation: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -301,14 +321,25 @@ class DurableHome:
         newest = max(based) if based else None
         base = based[newest] if newest is not None else None
         view = HomeView(newest, base)
+        counted: dict[int, tuple[int, str, dict[str, Any]]] = {}
         for relpath, record in self.records(EPOCHS).items():
-            epoch = _number(relpath, 20)
-            if epoch is None:
+            named = epoch_of(relpath)
+            if named is None:
                 continue
-            if self._counts(int(record.get("term", 0)), epoch, newest, base):
-                view.epochs.append(record)
-            else:
-                view.stale_epochs.append(epoch)
+            epoch, term = named[0], int(record.get("term", 0))
+            if not self._counts(term, epoch, newest, base):
+                view.stale_records.append(relpath)
+                continue
+            if epoch in counted:  # several count: the newest term's is the epoch's
+                other = counted[epoch]
+                if other[0] > term:
+                    view.stale_records.append(relpath)
+                    continue
+                view.stale_records.append(other[1])
+            counted[epoch] = (term, relpath, record)
+        view.epochs = [counted[e][2] for e in sorted(counted)]
+        stale = {named[0] for named in map(epoch_of, view.stale_records) if named is not None}
+        view.stale_epochs = sorted(stale - set(counted))
         for record in self.records(TRUNCATED).values():
             term = int(record.get("term", 0))
             for vnode, epoch in enumerate(record.get("points", [])):
@@ -323,26 +354,22 @@ class DurableHome:
         return newest is None or base is None or term >= newest or epoch <= base
 
     def write_epoch(self, epoch: int, term: int, record: Mapping[str, Any]) -> None:
-        """Make the seal record of ``epoch`` durable for term ``term``, replacing a record that does not count
-        (an earlier attempt of this term, or an older term's write after this run read the home)."""
-        relpath = epoch_path(epoch)
-        full = dict(record, epoch=epoch, term=term)
-        if self.create(relpath, full):
-            return
-        found = self.read(relpath) or {}
-        if int(found.get("term", 0)) > term:
-            raise FencedError(
-                f"cannot seal epoch {epoch}: {self.storage.display(relpath)} was sealed by writer term "
-                f"{found.get('term')}, newer than this run's term {term}. A newer run owns the sink; this one "
-                "must stop."
-            )
-        self.write(relpath, full)
+        """Make the seal record of ``epoch`` durable for term ``term``, under a name only this term writes (an
+        earlier attempt of this term's is replaced): a record of another run is never touched, so a run fenced
+        between reading and writing cannot overwrite a newer run's seal. Whether it counts is the view's
+        business (:meth:`view`), and the caller checks the term right after."""
+        self.write(epoch_path(epoch, term), dict(record, epoch=epoch, term=term))
 
-    def delete_epochs(self, epochs: Iterable[int]) -> int:
-        return sum(self.storage.delete(epoch_path(e)) for e in epochs)
+    def delete_records(self, relpaths: Iterable[str]) -> int:
+        return sum(self.storage.delete(relpath) for relpath in relpaths)
+
+    def epoch_records(self) -> list[tuple[int, str]]:
+        """``(epoch, path)`` of every epoch record, in epoch order."""
+        named = ((epoch_of(p), p) for p in self.names(EPOCHS))
+        return sorted((n[0], p) for n, p in named if n is not None)
 
     def epoch_numbers(self) -> list[int]:
-        return sorted(e for e in (_number(p, 20) for p in self.names(EPOCHS)) if e is not None)
+        return sorted({epoch for epoch, _ in self.epoch_records()})
 
     # -- given-up segments ----------------------------------------------------------------------------------
 

@@ -681,7 +681,7 @@ class LogStore:
                     self.home.write_epoch(epoch, self.term, _epoch_record(*self._epoch_rows(epoch)))
             self.home.record_base(self.term, last)
             self.check_term("clean the durable home")  # a fenced run deletes nothing a newer one may be reading
-            self.home.delete_epochs(view.stale_epochs)
+            self.home.delete_records(view.stale_records)
             self.home.prune_terms(keep_from=self.term)
             self.home.compact_truncation(self.term, self.truncate_points())
             self._published_points = self.truncate_points()
@@ -738,7 +738,7 @@ class LogStore:
         if not points:
             return
         floor, last = min(points.values()), self.last_sealed_epoch
-        self.home.delete_epochs(e for e in self.home.epoch_numbers() if e <= floor and e < last)
+        self.home.delete_records(p for e, p in self.home.epoch_records() if e <= floor and e < last)
 
     # -- read ----------------------------------------------------------------------------------------
 

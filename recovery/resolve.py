@@ -210,14 +210,16 @@ def apply_recovery(
     verify_progress: Callable[[int, int], None] | None = None,
     single_driver: bool = False,
     accept_duplicates: bool = False,
+    probed: bool = False,
 ) -> RecoveryPlan:
     """Fence older writers, resolve every pending file, then remove garbage; see the module docstring.
 
-    First, the log store's location is probed for conditional create (:mod:`logstore.conditional`): a store
-    without it stops here with :class:`ConditionalCreateError`, before any term is taken, unless
-    ``single_driver``. Then the state is compared with the output's commit mark (:mod:`filesink.output.mark`):
-    a state behind it (restored from a backup) stops here with :class:`StateBehindError`, unless
-    ``accept_duplicates``: the rows of files committed after the backup are then written again.
+    First, the log store's location is probed for conditional create (:mod:`logstore.conditional`; not with
+    ``probed``: the caller did): a store without it stops here with :class:`ConditionalCreateError`, before any
+    term is taken, unless ``single_driver``. Then the state is compared with the output's commit mark
+    (:mod:`filesink.output.mark`): a state behind it (restored from a backup) stops here with
+    :class:`StateBehindError`, unless ``accept_duplicates``: the rows of files committed after the backup are
+    then written again.
 
     Only run while no writer of the sink's current term can run (the caller holds the state directory's
     lock). Returns what was done, with the new writer term; ``file_task(file, term)`` builds the task that
@@ -227,7 +229,8 @@ def apply_recovery(
     read whole (``verify_progress(done, total)`` after each). Damage raises :class:`DamagedLogError` before any
     file is resolved or anything deleted, unless ``drop_damaged``: then the damaged segments are given up.
     """
-    require_conditional_create(store.storage, single_driver=single_driver)
+    if not probed:  # a sink's start probes before it writes anything (ExactlyOnceParquetSink._open)
+        require_conditional_create(store.storage, single_driver=single_driver)
     mark = _check_behind(store, output, accept_duplicates)
     term = ledger.new_term(str(output.local_staging()) if output.is_local else None)
     failpoint("recovery.term.after")

@@ -204,7 +204,7 @@ class NoHome(DurableHome):
     def publish_term(self, term: int) -> None:
         return None
 
-    def delete_epochs(self, epochs: Iterable[int]) -> int:
+    def delete_records(self, relpaths: Iterable[str]) -> int:
         return 0
 
     def take_term(self, at_least: int, extra: Any = None) -> int:

@@ -119,3 +119,23 @@ def test_a_store_that_says_a_new_object_exists_is_an_error_and_the_probe_cleans_
     with pytest.raises(ConditionalCreateError, match="as if the object existed"):
         probe_conditional_create(storage)
     assert list(storage.list_files()) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_sink_refused_by_the_probe_leaves_nothing_and_the_runbooks_way_out_works(rclone_server, tmp_path):
+    """The refusal comes before the sink writes anything (no claim in the output, no state, nothing in the log store),
+    so the runbook's first way out, the same state directory and output with a log store that honours the condition,
+    starts at once."""
+    from filesink import ExactlyOnceParquetSink
+
+    log = rclone_server.url(f"test-{uuid.uuid4().hex}", "log")
+    state, output = tmp_path / "state", tmp_path / "out"
+    with pytest.raises(ConditionalCreateError, match="Nothing of the sink was changed"):
+        ExactlyOnceParquetSink(
+            str(output), state_dir=str(state), log_store=log, storage_options=rclone_server.storage_options()
+        )
+    assert not output.exists() or not any(output.iterdir()), sorted(output.rglob("*"))
+    assert not state.exists() or not any(state.iterdir()), sorted(state.rglob("*"))
+    assert list(LogLocation(log, rclone_server.storage_options()).open().list_files()) == []
+    sink = ExactlyOnceParquetSink(str(output), state_dir=str(state), log_store=str(tmp_path / "log"))
+    sink.close()

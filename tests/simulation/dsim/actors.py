@@ -3,7 +3,8 @@
 Spark (the append's job, the write's tasks) and the output are modelled.
 
 A driver's life is one process: start-up (``ExactlyOnceParquetSink._open`` without the state directory's lock
-and the output's claim: the log store, the ledger, the recorded configuration, ``_recover``), then batches from
+and the output's claim: the probe of conditional create, the log store, the ledger, the recorded configuration,
+``_recover``), then batches from
 the checkpoint on, each as ``__call__`` runs it (``_check_batch``, append and seal, ``_roll``), the checkpoint
 advancing past a batch only once its call returned; at the end maybe ``flush()`` and ``close()``. A process that
 is killed loses its memory; its state directory stays, unless the scenario loses it or restores an old backup.
@@ -26,6 +27,7 @@ from filesink.planner import file_task
 from filesink.rollover import Rollover
 from filesink.sink import ExactlyOnceParquetSink, SinkStats
 from logstore import LogStore, SegmentDescriptor, append_segment
+from logstore.conditional import require_conditional_create
 from logstore.errors import LogStoreError, SegmentError
 from recovery.errors import NotASinkError
 from recovery.resolve import apply_recovery
@@ -89,6 +91,8 @@ class Driver:
         aside: a state directory has one process at a time here, and the output is the model)."""
         world = self.world
         self.store = None
+        # As _open: the probe of conditional create before anything of the sink is written.
+        require_conditional_create(world.location.open(), single_driver=self.single_driver)
         store = self.store = LogStore(self.disk.open(), world.location, vnodes=world.vnodes)
         ledger = Ledger(store)
         ledger.check_config(world.output.url, None, [])
