@@ -667,17 +667,25 @@ class LogStore:
             )
         if adopt and self.term is not None:
             counted = {int(r["epoch"]) for r in view.epochs}
-            diverged = sorted(set(self._held_epochs()) & set(view.stale_epochs))
-            if diverged:
-                raise StateDivergedError(
-                    f"the state database {self.db_path} holds sealed epochs {describe_vnodes(diverged)} that the "
-                    f"durable home at {self.location.canonical} does not count: a newer run (term {view.term}) read "
-                    f"the home before they were sealed, so they were sealed by a run that no longer owned the sink. "
-                    "Nothing was changed. Move this state directory away and start the sink with an empty one: it is "
-                    "rebuilt from the durable home, and the query's checkpoint tells whether those batches run again."
-                )
-            for epoch in self._held_epochs():  # sealed before the sink had a durable home: made durable now
-                if epoch not in counted:
+            uncounted = [e for e in self._held_epochs() if e not in counted]
+            if view.term is not None:
+                # A run read the home and recorded its base: every epoch this database sealed (or took from the
+                # home) in time has a record that counts, unless pruned once every vnode was durably truncated
+                # past it. Any other held epoch was sealed, or adopted, by a run that no longer owned the sink;
+                # its record may be gone already (deleted as stale by the newer run, its segments swept).
+                floor = min((view.truncation.get(v, NOTHING) for v in self.truncate_points()), default=NOTHING)
+                diverged = [e for e in uncounted if e > floor]
+                if diverged:
+                    raise StateDivergedError(
+                        f"the state database {self.db_path} holds sealed epochs {describe_vnodes(diverged)} that "
+                        f"the durable home at {self.location.canonical} does not count: a newer run (term "
+                        f"{view.term}) read the home before this state took them, so a run that no longer owned "
+                        "the sink sealed or adopted them. Nothing was changed. Move this state directory away and "
+                        "start the sink with an empty one: it is rebuilt from the durable home, and the query's "
+                        "checkpoint tells whether those batches run again."
+                    )
+            else:  # no run recorded a base: epochs sealed before the sink had a durable home, made durable now
+                for epoch in uncounted:
                     self.home.write_epoch(epoch, self.term, _epoch_record(*self._epoch_rows(epoch)))
             self.home.record_base(self.term, last)
             self.check_term("clean the durable home")  # a fenced run deletes nothing a newer one may be reading

@@ -18,6 +18,7 @@ from sink_helpers import append_epoch, batch_rows, parquet_files, read_pyarrow
 from filesink import ExactlyOnceParquetSink, FencedError, Rollover
 from filesink.ledger import Ledger
 from filesink.output.objects import LocalObject
+from logstore import StateDivergedError
 from logstore.home import TERMS, DurableHome
 from logstore.storage import LocalStorage
 from recovery.cli import main as recover_main
@@ -200,3 +201,33 @@ def test_a_term_replaced_by_a_store_that_ignores_the_condition_is_refused(tmp_pa
     storage.create = ignoring  # type: ignore[method-assign]
     with pytest.raises(FencedError, match="two runs took writer term 1"):
         DurableHome(storage).take_term(0)
+
+
+def test_a_state_that_adopted_an_epoch_the_newer_run_deleted_as_stale_is_refused(tmp_path):
+    """A run adopts epoch 0 from a record of a fenced run; the newer run, which read the home before that record,
+    records its base below it, deletes the record as stale and sweeps its segment. Earlier, the adopting state's
+    next start took the epoch for one sealed before the durable home and recorded it again, naming a segment
+    that was gone (simulation seed 33 of the chaos tier): the start then reported damage. Now it is refused as a
+    diverged state, and an empty state directory rebuilds and runs every batch once."""
+    a = _open(tmp_path, "state-a")
+    append_epoch(a, 0, batch_rows(0, 60, seed=15))  # in this state, epoch 0 is sealed
+    a.close()
+    home = DurableHome(LocalStorage(tmp_path / "durable" / "log"))
+    (record,) = home.names("home/epochs")
+    newer = home.take_term(home.newest_term() or 0)  # the newer run read the home before epoch 0's record
+    home.record_base(newer, -1)
+    home.delete(record)  # not counted in its view: deleted as stale
+    with pytest.raises(StateDivergedError, match=r"holds sealed epochs 0 .*does not count.*empty one"):
+        _open(tmp_path, "state-a")
+    assert home.names("home/epochs") == [], "the refused start recorded nothing"
+
+    b = _open(tmp_path, "state-b")  # an empty state directory: rebuilt from the home, epoch 0 not sealed
+    assert b.log_store.last_sealed_epoch == -1
+    expected: Counter = Counter()
+    for epoch in range(2):  # the query's checkpoint never passed batch 0: Spark runs it again
+        rows = batch_rows(epoch, 60, seed=15)
+        expected.update(rows)
+        append_epoch(b, epoch, rows)
+    b.flush()
+    assert read_pyarrow(b.path) == expected
+    b.close()
