@@ -233,3 +233,27 @@ def test_two_driver_processes_on_one_durable_home(tmp_path, home):
     new.flush()
     assert read_pyarrow(out, options) == expected
     new.close()
+
+
+def test_a_batch_that_rolls_nothing_costs_one_record_and_one_term_check(tmp_path, monkeypatch):
+    """Per batch that writes no file, the durable home costs the epoch's record and one term check (the seal's):
+    on S3 each is a request. A commit that would change nothing (no file, no idle vnode behind) is skipped."""
+    from logstore.home import DurableHome
+
+    sink = _open(tmp_path, (str(tmp_path / "out"), str(tmp_path / "durable" / "log"), None))
+    calls: Counter = Counter()
+    for name in ("newest_term", "write", "create", "delete"):
+        real = getattr(DurableHome, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(DurableHome, name, counted)
+    for epoch in range(3):
+        calls.clear()
+        rows = [(100 * epoch + 2 * v + i, v, "2026-01-01", 1.0) for v in range(8) for i in range(2)]
+        append_epoch(sink, epoch, rows)  # rows in every vnode: none idle
+        sink._roll(force=False)
+        assert dict(calls) == {"write": 1, "newest_term": 1} or (epoch == 0 and calls["write"] == 2), (epoch, calls)
+    sink.close()
