@@ -445,8 +445,7 @@ class Ledger:
 
     def _forget(self, files: Iterable[PlannedFile]) -> None:
         if not self.store.readonly:
-            for f in files:
-                self.store.home.delete(file_path(f.name))
+            self.store.home.delete_records(file_path(f.name) for f in files)
 
     @db_errors("drop a file")
     def drop(self, f: PlannedFile, term: int) -> None:

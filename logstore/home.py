@@ -360,8 +360,8 @@ class DurableHome:
         business (:meth:`view`), and the caller checks the term right after."""
         self.write(epoch_path(epoch, term), dict(record, epoch=epoch, term=term))
 
-    def delete_records(self, relpaths: Iterable[str]) -> int:
-        return sum(self.storage.delete(relpath) for relpath in relpaths)
+    def delete_records(self, relpaths: Iterable[str]) -> None:
+        self.storage.delete_many(list(relpaths))
 
     def epoch_records(self) -> list[tuple[int, str]]:
         """``(epoch, path)`` of every epoch record, in epoch order."""

@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -235,6 +235,9 @@ class Storage(Protocol):
 
     def delete(self, relpath: str) -> bool:
         """Delete one file; False if it was already gone."""
+
+    def delete_many(self, relpaths: Sequence[str]) -> None:
+        """Delete files (a file already gone is no error): on S3 one request per 1,000 keys."""
 
     def remove_empty_dirs(self, up_to_epoch: int | None) -> None:
         """Remove empty epoch directories, of epochs up to ``up_to_epoch`` or all (object stores have none)."""
@@ -499,6 +502,10 @@ class LocalStorage:
             return False
         return True
 
+    def delete_many(self, relpaths: Sequence[str]) -> None:
+        for relpath in relpaths:
+            self.delete(relpath)
+
     def remove_empty_dirs(self, up_to_epoch: int | None) -> None:
         if not self.root.is_dir():
             return
@@ -515,6 +522,10 @@ class LocalStorage:
             if Path(dirpath) != base:
                 with contextlib.suppress(OSError):  # not empty, or already gone
                     os.rmdir(dirpath)
+
+
+DELETE_BATCH = 1000
+"""Keys in one S3 DeleteObjects request at most (the API's limit)."""
 
 
 class FsspecStorage:
@@ -650,6 +661,33 @@ class FsspecStorage:
         except FileNotFoundError:
             return False
         return True
+
+    def delete_many(self, relpaths: Sequence[str]) -> None:
+        if not self._is_s3 or len(relpaths) < 2:
+            for relpath in relpaths:
+                self.delete(relpath)
+            return
+        from fsspec.asyn import sync
+
+        bucket, _, prefix = self.root.partition("/")
+        for first in range(0, len(relpaths), DELETE_BATCH):
+            chunk = relpaths[first : first + DELETE_BATCH]
+            keys = [{"Key": f"{prefix}/{relpath}" if prefix else relpath} for relpath in chunk]
+            with self._naming(f"delete {len(chunk)} files, the first", chunk[0]):
+                answer = sync(
+                    self.fs.loop,
+                    self.fs._call_s3,
+                    "delete_objects",
+                    Bucket=bucket,
+                    Delete={"Objects": keys, "Quiet": True},
+                )
+            failed = answer.get("Errors") or []
+            if failed:  # DeleteObjects answers 200 and lists what it could not delete
+                error = failed[0]
+                raise OSError(
+                    f"cannot delete {self.display(str(error.get('Key', '')).removeprefix(prefix + '/'))} and "
+                    f"{len(failed) - 1} more of {len(chunk)} files: {error.get('Code')}: {error.get('Message')}"
+                )
 
     def remove_empty_dirs(self, up_to_epoch: int | None) -> None:
         return None

@@ -1105,10 +1105,9 @@ class LogStore:
         failpoint("logstore.gc.after_metadata")
         if released:
             self.check_term("delete released segments")
-        for _, name, size in released:
-            self.storage.delete(name)
-            report.released_segments += 1
-            report.bytes_freed += size
+        self.storage.delete_many([name for _, name, _ in released])
+        report.released_segments += len(released)
+        report.bytes_freed += sum(size for _, _, size in released)
         if sweep:
             self.check_claim()
             self.check_term("sweep the log store")

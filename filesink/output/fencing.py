@@ -161,16 +161,16 @@ def records(storage: Storage, *, below: int | None = None, term: int | None = No
 
 
 def delete_records(storage: Storage, found: list[ObjectRecord]) -> int:
-    return sum(storage.delete(r.relpath) for r in found)
+    storage.delete_many([r.relpath for r in found])
+    return len(found)
 
 
 def forget_committed(storage: Storage, term: int, names: Collection[str]) -> None:
     """Delete the records of every attempt at writing the files ``names`` of ``term`` (committed now)."""
     prefix = f"{PREFIX}/{term_dir(term)}"
-    for relpath, _size in list(storage.list_files(prefix)):
-        parts = relpath.split("/")  # writers/term-<T>/<file>/<index>-<attempt>.json
-        if len(parts) == 4 and parts[2] in names:
-            storage.delete(relpath)
+    found = [relpath for relpath, _size in storage.list_files(prefix)]
+    # writers/term-<T>/<file>/<index>-<attempt>.json
+    storage.delete_many([p for p in found if len(parts := p.split("/")) == 4 and parts[2] in names])
     storage.prune_dirs(prefix)
 
 

@@ -204,8 +204,8 @@ class NoHome(DurableHome):
     def publish_term(self, term: int) -> None:
         return None
 
-    def delete_records(self, relpaths: Iterable[str]) -> int:
-        return 0
+    def delete_records(self, relpaths: Iterable[str]) -> None:
+        return None
 
     def take_term(self, at_least: int, extra: Any = None) -> int:
         return at_least + 1  # no term record, so none to read back

@@ -1,5 +1,6 @@
 """The start-up probe of conditional create (``logstore/conditional.py``), asked of each real store: local disk,
-SeaweedFS, moto's server and rclone's ``serve s3`` (docs/protocol.md#conditional-create-and-ownership)."""
+SeaweedFS, moto's server and rclone's ``serve s3`` (docs/protocol.md#conditional-create-and-ownership); and the
+bulk delete (S3 DeleteObjects) on each."""
 
 from __future__ import annotations
 
@@ -50,6 +51,32 @@ def test_the_probe_sees_what_each_store_does_and_leaves_nothing(store):
         expected_seen = "HTTP 412 PreconditionFailed" if probe.honoured else "HTTP 200"
         assert probe.seen == expected_seen, probe
     assert list(storage.list_files()) == []  # the probe object is deleted, nothing else was written
+
+
+@pytest.mark.timeout(120)
+def test_delete_many_deletes_exactly_the_files_named(store, monkeypatch):
+    """One request for many keys on S3 (DeleteObjects); a key already gone is no error; nothing else is touched."""
+    _, storage = store
+    names = [f"00000000000000000001/seg-{i}.seg" for i in range(5)] + ["home/files/a.json", "home/files/b.json"]
+    for name in names:
+        storage.put(name, name.encode())
+    calls: list[str] = []
+    if isinstance(storage, FsspecStorage):
+        real = storage.fs._call_s3
+
+        async def counted(method, *args, **kwargs):
+            calls.append(method)
+            return await real(method, *args, **kwargs)
+
+        monkeypatch.setattr(storage.fs, "_call_s3", counted)
+    storage.delete_many([*names[:4], "00000000000000000001/never-written.seg", names[5]])
+    left = sorted(name for name, _ in storage.list_files())
+    assert left == sorted([names[4], names[6]]), left
+    if isinstance(storage, FsspecStorage):
+        assert calls.count("delete_objects") == 1 and "delete_object" not in calls, calls
+    storage.delete_many([])
+    storage.delete_many([names[4]])
+    assert [name for name, _ in storage.list_files()] == [names[6]]
 
 
 def test_a_store_that_ignores_the_condition_stops_the_start_unless_single_driver(rclone_server, caplog):

@@ -102,6 +102,10 @@ class MemStorage:
         del self._names[bisect.bisect_left(self._names, relpath)]
         return True
 
+    def delete_many(self, relpaths: list[str]) -> None:
+        for relpath in relpaths:  # one request on S3, but not atomic: each key's delete takes effect on its own
+            self.delete(relpath)
+
     def remove_empty_dirs(self, up_to_epoch: int | None) -> None:
         return None  # no directories, as on an object store
 
