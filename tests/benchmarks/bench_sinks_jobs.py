@@ -1,6 +1,7 @@
 """One streaming job of the sink benchmark, run in its own process (so that its JVM and Python workers are its own).
 
-Usage: ``python bench_sinks_jobs.py SPEC.json``. The spec names the sink (``spark``, ``delta`` or ``ours``),
+Usage: ``python bench_sinks_jobs.py SPEC.json``. The spec names the sink (``spark``, ``delta`` or ``ours``; for
+``delta``, ``compact_to`` bytes compacts the table with delta-rs ``optimize.compact`` once the query ended),
 the workload of the input (``bench_sinks_data.WORKLOADS``, ``events`` if absent: our sink's key columns; the
 Spark schema is read from the input files), the input, output, checkpoint, trigger and the partition columns
 (``partition_by``, none if absent); the job writes ``SPEC.result.json``: the time the query started and ended,
@@ -148,6 +149,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(f"query failed: {query.exception()}")
     t_query_end = time.time()
     result: dict[str, Any] = {"progress": _progress(query), "ends": ends}
+    if isinstance(handler, DeltaBatches) and spec.get("compact_to"):
+        # the peer's end state: its small files compacted to our target size, counted in the run's time
+        from deltalake import DeltaTable
+
+        result["compact"] = DeltaTable(spec["output"]).optimize.compact(target_size=int(spec["compact_to"]))
     if isinstance(handler, OurSinkBatches):
         handler.sink.flush()  # what the log store still holds: written now, counted in the run's time
         result["reasons"] = handler.reasons

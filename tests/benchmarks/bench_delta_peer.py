@@ -1,0 +1,198 @@
+"""Our sink next to the Python peer that reaches the same end state: Delta's path (``toArrow()`` and a delta-rs
+append per batch, with the batch id as its application transaction) followed by one delta-rs
+``optimize.compact()`` to our target file size, timed from the query's start to the compacted table.
+
+Not a test (pytest does not collect it). Run from the repository root with the ``bench`` extra installed::
+
+    python tests/benchmarks/bench_delta_peer.py                    # 2,500,000 rows, 2 rounds, events and strings
+    python tests/benchmarks/bench_delta_peer.py --quick            # 200,000 rows, 1 round: a smoke run
+    python tests/benchmarks/bench_delta_peer.py --workload strings --rounds 3 --rows 5000000
+
+Each run is a job process of its own with ``local[2]`` Spark (``bench_sinks_jobs.run``, the side-by-side setup of
+``bench_sinks.py``: 2 input files per micro-batch, available-now trigger), writing to a local directory: our sink
+with its local log store and the side-by-side rollover (``bench_sinks.side_by_side_rollover``), and the peer with
+the same target size for its compaction. The order alternates from round to round. Each run's output is checked:
+ours by the rows in the footers of its Parquet files, the peer's by the rows of the Delta table's files, both
+against the input. It prints the medians, each round's ratio (the peer's seconds over ours: above 1.0 we are
+ahead) and the machine's load before and after each run. Goal (issue: at least 1.0x, aiming for 1.2x), reported,
+not asserted. See ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import bench_sinks as sinks
+import bench_sinks_data as data
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+JOB = HERE / "bench_sinks_jobs.py"
+VARIANTS = ("ours", "delta+compact")
+DEADLINE_SECONDS = 1800
+
+
+@dataclass
+class Run:
+    variant: str
+    round: int
+    seconds: float
+    query_seconds: float
+    files: int
+    load: tuple[float, float]
+
+
+def output_rows(variant: str, out: Path) -> tuple[int, int]:
+    """(rows, files) of a run's end state: our Parquet files, or the Delta table's active files."""
+    if variant == "ours":
+        files = [p for p in out.rglob("*.parquet") if not any(part.startswith(("_", ".")) for part in p.parts[-3:])]
+        return sum(pq.ParquetFile(p).metadata.num_rows for p in files), len(files)
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(out))
+    return table.to_pyarrow_dataset().count_rows(), len(table.files())
+
+
+def run_once(args: argparse.Namespace, work: Path, input_dir: Path, workload: str, variant: str, round_: int) -> Run:
+    name = f"{workload}-{variant.replace('+', '-')}-r{round_}"
+    job_dir = work / name
+    job_dir.mkdir(parents=True)
+    rollover = sinks.side_by_side_rollover(args.rows, workload)
+    out = job_dir / "out"
+    spec = sinks.job_spec(
+        variant,
+        "ours" if variant == "ours" else "delta",
+        job_dir,
+        input_dir,
+        args.rows,
+        str(out),
+        trigger_seconds=None,
+        files_per_batch=sinks.FILES_PER_BATCH,
+        rollover=rollover if variant == "ours" else {},
+        workload=workload,
+    )
+    if variant != "ours":
+        spec["compact_to"] = rollover["target_file_size"]
+    spec_path = job_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
+    log = job_dir / "job.log"
+    load_before = os.getloadavg()[0]
+    with open(log, "wb") as sink_log:
+        try:
+            subprocess.run(
+                [sys.executable, str(JOB), str(spec_path)],
+                cwd=REPO,
+                env=env,
+                stdout=sink_log,
+                stderr=subprocess.STDOUT,
+                timeout=DEADLINE_SECONDS,
+                check=True,
+            )
+        except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
+            raise SystemExit(f"{name}: the job failed or passed its deadline ({e}); its log: {log}") from None
+    result = json.loads(spec_path.with_suffix(".result.json").read_text())
+    rows, files = output_rows(variant, out)
+    if rows != args.rows:
+        raise SystemExit(f"{name}: the end state holds {rows:,} rows in {files} files, the input {args.rows:,} ({log})")
+    run = Run(
+        variant,
+        round_,
+        result["t_end"] - result["t_start"],
+        result["t_query_end"] - result["t_start"],
+        files,
+        (load_before, os.getloadavg()[0]),
+    )
+    print(
+        f"  {workload}, {variant}, round {round_}: {run.seconds:.1f} s (query {run.query_seconds:.1f} s), "
+        f"{files} files, rows checked {rows:,}; load {run.load[0]:.1f} -> {run.load[1]:.1f}",
+        flush=True,
+    )
+    if not args.keep:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return run
+
+
+def report(workload: str, runs: list[Run], rows: int) -> list[str]:
+    by = {v: [r for r in runs if r.variant == v] for v in VARIANTS}
+    med = {v: statistics.median(r.seconds for r in by[v]) for v in VARIANTS}
+    peers = {r.round: r.seconds for r in by["delta+compact"]}
+    ratios = [peers[r.round] / r.seconds for r in sorted(by["ours"], key=lambda r: r.round)]
+    ratio = statistics.median(ratios)
+    verdict = "holds" if ratio >= 1.0 else "does NOT hold"
+    lines = [
+        f"`{workload}`, {rows:,} rows ({len(by['ours'])} round(s); medians):",
+        "",
+        "| | ours | Delta path + compaction | peer / ours |",
+        "|---|---:|---:|---:|",
+        f"| seconds, query start to the end state | {med['ours']:.1f} | {med['delta+compact']:.1f} | {ratio:.2f}x |",
+        f"| of which the query, s | {statistics.median(r.query_seconds for r in by['ours']):.1f} | "
+        f"{statistics.median(r.query_seconds for r in by['delta+compact']):.1f} | |",
+        f"| rows/s | {rows / med['ours']:,.0f} | {rows / med['delta+compact']:,.0f} | |",
+        f"| files at the end | {', '.join(str(r.files) for r in by['ours'])} | "
+        f"{', '.join(str(r.files) for r in by['delta+compact'])} | |",
+        "| load average, 1 min, before -> after each run | "
+        + " | ".join(", ".join(f"{r.load[0]:.1f} -> {r.load[1]:.1f}" for r in by[v]) for v in VARIANTS)
+        + " | |",
+        "",
+        f"Peer's seconds over ours by round: {', '.join(f'{x:.2f}' for x in ratios)}; median **{ratio:.2f}** "
+        f"(goal >= 1.0, aim 1.2: {verdict}).",
+        "",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=2_500_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workload", action="append", choices=sorted(data.WORKLOADS), help="repeatable")
+    parser.add_argument("--quick", action="store_true", help="200,000 rows, 1 round")
+    parser.add_argument("--dir", type=Path, default=None, help="where the runs' files go (a temp directory)")
+    parser.add_argument("--keep", action="store_true", help="keep each run's files")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.rounds = 200_000, 1
+    try:
+        import deltalake
+    except ImportError:
+        raise SystemExit("this benchmark needs deltalake: pip install -e '.[bench]'") from None
+    workloads = args.workload or ["events", "strings"]
+    started, load = time.monotonic(), os.getloadavg()
+    work = data.work_directory(args.dir, "bench-delta-peer-")
+    print(f"deltalake {deltalake.__version__}; {os.cpu_count()} CPU(s); work in {work}", flush=True)
+    lines: list[str] = []
+    try:
+        for k, workload in enumerate(workloads):
+            input_dir = work / f"input-{workload}"
+            data.generate(input_dir, args.rows, data.WORKLOADS[workload])
+            runs = []
+            for round_ in range(1, args.rounds + 1):
+                order = VARIANTS if (round_ + k) % 2 else VARIANTS[::-1]
+                runs += [run_once(args, work, input_dir, workload, v, round_) for v in order]
+            lines += report(workload, runs, args.rows)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    end = os.getloadavg()
+    print("\n".join(["", *lines]))
+    print(
+        f"{os.cpu_count()} CPU(s); load average (1/5/15 min) at the start {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}, "
+        f"at the end {end[0]:.2f}/{end[1]:.2f}/{end[2]:.2f}; {(time.monotonic() - started) / 60:.1f} minutes."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
