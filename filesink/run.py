@@ -315,28 +315,38 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
             console.print(STOPPING, highlight=False, soft_wrap=True)
 
         with _signals(ask_stop, lambda: stopped_at_once(config.state_dir)):
-            query = writer.start()
-            failure = _watch(query, batches, stop, Progress(console, sink.stats, config.state_dir, "filesink run"))
-            if failure is not None:
-                return _report_failure(failure, batches, config, out)
-            if not stop.is_set():  # drained (--available-now): write what the log store holds
-                sink.flush()
-        stats = sink.stats
-        verb = "stopped" if stop.is_set() else "done"
-        out(
-            f"{verb}: {rows_line(stats)}; files committed {files_line(stats.file_sizes, stats.objects)}; "
-            f"{time.monotonic() - started:,.1f} s"
-        )
+            try:
+                query = writer.start()
+                progress = Progress(console, sink.stats, config.state_dir, "filesink run")
+                failure = _watch(query, batches, stop, progress)
+                if failure is not None:
+                    return _report_failure(failure, batches, config, out)
+                if not stop.is_set():  # drained (--available-now): write what the log store holds
+                    sink.flush()
+                stats = sink.stats
+                verb = "stopped" if stop.is_set() else "done"
+                out(
+                    f"{verb}: {rows_line(stats)}; files committed {files_line(stats.file_sizes, stats.objects)}; "
+                    f"{time.monotonic() - started:,.1f} s"
+                )
+            finally:  # still under the handler: a second Ctrl-C while Spark stops ends the run at once, quietly
+                sink.close()
+                spark.stop()
+                spark = None
+            _report_held(config.state_dir, out)
+            return EXIT_OK
     finally:
         sink.close()
         if spark is not None:
             spark.stop()
-    h = held(config.state_dir)
+
+
+def _report_held(state_dir: Path, out: Callable[[str], None]) -> None:
+    h = held(state_dir)
     if h.rows:
         out(f"the log store holds {h.describe()} not yet in files; the next run writes them")
     else:
         out("the log store holds nothing that is not in committed files")
-    return EXIT_OK
 
 
 STOPPING = "stopping: waiting for the batch in progress (Ctrl-C again stops at once; nothing is lost either way)"
