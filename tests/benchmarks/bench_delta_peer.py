@@ -60,7 +60,7 @@ def output_rows(variant: str, out: Path) -> tuple[int, int]:
     from deltalake import DeltaTable
 
     table = DeltaTable(str(out))
-    return table.to_pyarrow_dataset().count_rows(), len(table.files())
+    return table.to_pyarrow_dataset().count_rows(), len(table.file_uris())
 
 
 def run_once(args: argparse.Namespace, work: Path, input_dir: Path, workload: str, variant: str, round_: int) -> Run:
