@@ -128,11 +128,15 @@ class HomeView:
     base: int | None
     epochs: list[dict[str, Any]] = field(default_factory=list)
     """The record that counts of each epoch that has one."""
-    stale_epochs: list[int] = field(default_factory=list)
-    """Epochs with records of which none counts."""
     stale_records: list[str] = field(default_factory=list)
     """Paths of epoch records that are not their epoch's: they do not count, or a newer term's counts."""
     truncation: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def stale_epochs(self) -> list[int]:
+        """Epochs with records of which none counts."""
+        stale = {named[0] for named in map(epoch_of, self.stale_records) if named is not None}
+        return sorted(stale - {int(r["epoch"]) for r in self.epochs})
 
     @property
     def last_epoch(self) -> int | None:
@@ -338,8 +342,6 @@ class DurableHome:
                 view.stale_records.append(other[1])
             counted[epoch] = (term, relpath, record)
         view.epochs = [counted[e][2] for e in sorted(counted)]
-        stale = {named[0] for named in map(epoch_of, view.stale_records) if named is not None}
-        view.stale_epochs = sorted(stale - set(counted))
         for record in self.records(TRUNCATED).values():
             term = int(record.get("term", 0))
             for vnode, epoch in enumerate(record.get("points", [])):
