@@ -159,3 +159,20 @@ __all__ = [
     "exit_code",
     "report",
 ]
+
+
+class TableFormatError(FileSinkError, ValueError):
+    """A table format (``table_format="delta"`` or ``"iceberg"``) cannot be used as asked: its library is not
+    installed, a catalog is missing or unreachable, the table exists with another schema or partitioning, or a
+    column's type has no equivalent in the format. Refused before anything is written or sealed."""
+
+
+class TableCommitFailedError(FileSinkError):
+    """A roll's table commit did not land (the table's history was read again after the error and does not hold
+    the files). The files stay pending: the next start or ``filesink recover apply`` commits them or writes them
+    again, exactly once."""
+
+
+class TableCommitUnknownError(FileSinkError):
+    """A roll's table commit may or may not have landed, and the table could not be read again to tell. The
+    files stay pending: the next start or ``filesink recover apply`` decides from the table's history alone."""

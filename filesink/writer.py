@@ -31,6 +31,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import pyarrow as pa
@@ -88,6 +89,9 @@ class WrittenObject:
     ``<name>.parquet``."""
     size: int
     rows: int
+    footer: pq.FileMetaData | None = dataclass_field(default=None, compare=False, repr=False)
+    """The object's Parquet footer (row groups, statistics), for a table's commit: a table records each file's
+    statistics beside it (:mod:`filesink.destination`)."""
 
 
 # -- one partition's Parquet file ----------------------------------------------------------------------------
@@ -106,6 +110,7 @@ class _PartitionWriter:
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
         self._writer: pq.ParquetWriter | None = None
+        self._footers: list[pq.FileMetaData] = []
 
     @contextlib.contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -123,7 +128,9 @@ class _PartitionWriter:
                 sink = self.obj.open()
             failpoint("filesink.write.open.after", self.key)
             with self._errors("open"):
-                self._writer = pq.ParquetWriter(sink, self.schema, **parquet_options(self.task, first))
+                self._writer = pq.ParquetWriter(
+                    sink, self.schema, metadata_collector=self._footers, **parquet_options(self.task, first)
+                )
         return self._writer
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -153,6 +160,10 @@ class _PartitionWriter:
         with self._errors("finish"):
             writer.close()
             self.size = self.obj.finish()
+
+    @property
+    def footer(self) -> pq.FileMetaData | None:
+        return self._footers[-1] if self._footers else None
 
     def publish(self) -> None:
         failpoint("filesink.write.publish.before", self.key)
@@ -355,7 +366,7 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
         if isinstance(e, FencedError) and fence is not None:
             _forget_records(fence, task.name, len(partitions))
         raise
-    return [WrittenObject(w.key, w.size, w.rows) for w in ordered]
+    return [WrittenObject(w.key, w.size, w.rows, w.footer) for w in ordered]
 
 
 def _forget_records(fence: Fence, name: str, objects: int) -> None:

@@ -1,0 +1,135 @@
+"""The destination interface (:class:`Destination`), its options, and the per-vnode marks the table formats commit.
+
+A table destination commits, with every roll's files, a **mark** per vnode the files hold rows of: the file's end
+epoch. A vnode's files hold disjoint, rising epoch ranges (a file starts right after its vnode's truncate point),
+so the newest mark of a vnode is the epoch its committed files reach, and a pending file is in the table exactly
+when every vnode it holds has a mark at or past its end epoch. A mark at or past a file's first epoch but before
+its end means another file of those epochs was committed: a divergence that no run of this sink causes, refused.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import TableFormatError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..ledger import PlannedFile
+    from ..output import OutputLocation
+    from ..writer import WrittenObject
+
+
+class TableFormat(StrEnum):
+    DIRECTORY = "directory"
+    """Plain Parquet files under the output directory, visible once published (the default)."""
+    DELTA = "delta"
+    """A Delta Lake table at the output path, committed with deltalake (delta-rs)."""
+    ICEBERG = "iceberg"
+    """An Apache Iceberg table in a catalog, its data at the output path, committed with pyiceberg."""
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """How the output is a table. Picklable; the catalog's properties are (key, value) pairs."""
+
+    format: TableFormat = TableFormat.DIRECTORY
+    catalog: tuple[tuple[str, str], ...] = ()
+    """Iceberg only: pyiceberg's catalog properties (``type``, ``uri``, ``warehouse``, ...)."""
+    table: str | None = None
+    """Iceberg only: the table's identifier in the catalog, ``<namespace>.<name>``."""
+
+    @property
+    def is_table(self) -> bool:
+        return self.format is not TableFormat.DIRECTORY
+
+    def catalog_properties(self) -> dict[str, str]:
+        return dict(self.catalog)
+
+
+def marks_of(f: PlannedFile) -> dict[int, int]:
+    """The marks a table commit of ``f`` records: its end epoch for every vnode it holds rows of."""
+    return {v: f.end_epoch for v in f.starts}
+
+
+def held_files(files: Sequence[PlannedFile], reach: Mapping[int, int], table: str) -> set[str]:
+    """The names of ``files`` the table holds, from ``reach`` (per vnode, the newest mark the table holds).
+
+    Raises :class:`TableFormatError` for a file only partly held, or overlapped by a mark of another file."""
+    held: set[str] = set()
+    for f in files:
+        if not f.starts:
+            continue  # no rows: nothing to hold (committed again at worst, an empty file)
+        at = {v: reach.get(v, -1) for v in f.starts}
+        if all(e >= f.end_epoch for e in at.values()):
+            held.add(f.name)
+            continue
+        overlapped = sorted(v for v, e in at.items() if e >= f.starts[v])
+        if overlapped:
+            v = overlapped[0]
+            raise TableFormatError(
+                f"the table {table} holds rows of vnode {v} through epoch {at[v]}, but the pending file {f.name} "
+                f"holds epochs {f.starts[v]} to {f.end_epoch} of it, which the table does not hold whole: the table "
+                "and the sink's state disagree (another writer committed to the table under this sink's marks, or "
+                "the table was restored from an older copy than the state). Nothing was written or deleted. Restore "
+                "the table and the state directory from the same point in time, or start a new sink on a new table."
+            )
+    return held
+
+
+class Destination(ABC):
+    """Where a roll's files become visible (see the package's docstring for the three formats).
+
+    The file-writing tasks write every file under the output location the same way for every format
+    (:func:`filesink.writer.write_file`); for the directory that write is also what makes it visible."""
+
+    format: ClassVar[TableFormat]
+    transaction: ClassVar[str]
+    """Where the destination's transaction happens (shown by ``filesink recover status``)."""
+
+    def __init__(self, options: TableOptions, *, output: OutputLocation, sink_id: str, partition_by: Sequence[str]):
+        self.options = options
+        self.output = output
+        self.sink_id = sink_id
+        self.partition_by = tuple(partition_by)
+
+    @property
+    def name(self) -> str:
+        """The table (or directory) as users name it, for messages."""
+        return self.output.url
+
+    def check_schema(self, schema: pa.Schema) -> str | None:
+        """Why the format cannot hold columns of ``schema`` (naming the column and its type), or None. Asked before a
+        batch is sealed, so such rows are refused while Spark still holds them."""
+        return None
+
+    def check(self, schema: pa.Schema | None) -> None:
+        """At start, before anything is written: the table, if it exists, is one this sink can commit to.
+        Raises :class:`TableFormatError`."""
+        return None
+
+    @abstractmethod
+    def held(self, files: Sequence[PlannedFile]) -> set[str] | None:
+        """The names of ``files`` the destination holds (committed), read from the destination alone; None when
+        visibility is decided by listing each file's objects (the directory)."""
+
+    @abstractmethod
+    def make_visible(
+        self, files: Sequence[PlannedFile], written: Mapping[str, Sequence[WrittenObject]], schema: pa.Schema
+    ) -> None:
+        """Make ``files`` visible together (every object in ``written``, keyed by file name), unless the destination
+        holds them already. Raises :class:`TableCommitFailedError` (not committed) or
+        :class:`TableCommitUnknownError` (could not tell); either way the files stay pending."""
+
+    def maintain(self) -> None:
+        """Keep the table's history bounded (checkpoints, log clean-up, snapshot expiry); after a commit."""
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """What ``filesink recover status`` shows of the destination."""
+        return {"format": self.format.value, "where": self.name, "transaction": self.transaction}

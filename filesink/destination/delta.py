@@ -1,0 +1,364 @@
+"""The Delta Lake destination: a roll's files are added to a Delta table in one log entry (deltalake, delta-rs).
+
+- **The table** is at the output path (local or S3), created at the first commit from the sink's schema and
+  partition columns (timestamps are Delta's ``timestamp``, in UTC: Delta keeps no other zone).
+- **A roll's commit** is one log entry: an ``add`` per object (its path relative to the root, its size, its
+  partition values from its directories, statistics from its footer) and one application transaction per vnode
+  the files hold rows of (``txn``: app id ``<sink id>-v<vnode>``, version the file's end epoch), with the sink id
+  and the file names in the commit's metadata. Delta refuses a commit whose application transactions another
+  commit changed since the snapshot it was built on, so two runs of one sink cannot both commit the same vnode's
+  epochs.
+- **Is a file visible?** Every vnode it holds has a transaction at or past its end epoch (:func:`.base.held_files`):
+  the table alone decides, whatever a later compaction or vacuum did to the file itself.
+- **History:** delta-rs writes a checkpoint every ``delta.checkpointInterval`` commits (100) and then removes
+  log entries older than ``delta.logRetentionDuration`` (30 days); application transactions are kept in every
+  checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from ..errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
+from ..output.location import filesystem
+from .base import Destination, TableFormat, held_files, marks_of
+from .partitions import partition_texts, typed_value
+
+if TYPE_CHECKING:
+    from ..ledger import PlannedFile
+    from ..writer import WrittenObject
+
+CONFIGURATION = {"delta.checkpointInterval": "100", "delta.logRetentionDuration": "interval 30 days"}
+"""The table properties a new table is created with (delta-rs's defaults, written down)."""
+
+
+def app_id(sink_id: str, vnode: int) -> str:
+    return f"{sink_id}-v{vnode}"
+
+
+def table_uri(url: str) -> str:
+    if "://" not in url or url.startswith("file://"):
+        from pathlib import Path
+
+        return str(Path(url.removeprefix("file://")).expanduser().absolute())
+    return url.replace("s3a://", "s3://", 1)
+
+
+def storage_options(options: Mapping[str, Any]) -> dict[str, str]:
+    """delta-rs's storage options for the sink's s3fs options: endpoint, region, credentials (or the standard AWS
+    variables, which delta-rs reads itself)."""
+    client = dict(options.get("client_kwargs") or {})
+    found = {
+        "AWS_ENDPOINT_URL": options.get("endpoint_url") or client.get("endpoint_url"),
+        "AWS_REGION": client.get("region_name") or options.get("region_name"),
+        "AWS_ACCESS_KEY_ID": options.get("key"),
+        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
+        "AWS_SESSION_TOKEN": options.get("token"),
+    }
+    out = {k: str(v) for k, v in found.items() if v}
+    if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        out["AWS_ALLOW_HTTP"] = "true"
+    if "AWS_ENDPOINT_URL" in out and "AWS_REGION" not in out:
+        out["AWS_REGION"] = "us-east-1"
+    return out
+
+
+def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    """The table's schema: the files' schema with every timestamp in UTC (the instants are the same)."""
+
+    def convert(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t):
+            return pa.timestamp("us", tz="UTC" if t.tz is not None else None)
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(convert(f.type)) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.list_(t.value_field.with_type(convert(t.value_type)))
+        if pa.types.is_map(t):
+            return pa.map_(convert(t.key_type), t.item_field.with_type(convert(t.item_type)))
+        return t
+
+    return pa.schema([f.with_type(convert(f.type)).with_nullable(True) for f in schema], metadata=None)
+
+
+def _json_bound(value: object, type_: pa.DataType) -> object | None:
+    """A footer statistic as Delta's ``minValues`` / ``maxValues`` take it; None where a column's bound is left out
+    (statistics are optional: they only let readers skip files)."""
+    if pa.types.is_integer(type_) or pa.types.is_string(type_) or pa.types.is_boolean(type_):
+        return value
+    if pa.types.is_floating(type_) and isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return value
+    if pa.types.is_date(type_):
+        return value.isoformat() if hasattr(value, "isoformat") else None
+    return None
+
+
+def stats(footer: pq.FileMetaData, partition_by: Sequence[str]) -> str:
+    """Delta's file statistics (numRecords, minValues, maxValues, nullCount) from a footer: top-level columns."""
+    schema = footer.schema.to_arrow_schema()
+    mins: dict[str, object] = {}
+    maxs: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    for i in range(footer.num_columns):
+        path = footer.schema.column(i).path
+        if "." in path or path in partition_by:
+            continue
+        type_ = schema.field(path).type
+        lo: Any = None
+        hi: Any = None
+        count, bounded = 0, footer.num_row_groups > 0
+        for g in range(footer.num_row_groups):
+            st = footer.row_group(g).column(i).statistics
+            if st is None or not st.has_null_count:
+                count = -1
+            elif count >= 0:
+                count += st.null_count
+            if st is None or not st.has_min_max:
+                bounded = bounded and footer.row_group(g).num_rows == (st.null_count if st is not None else -1)
+                continue
+            lo = st.min if lo is None or st.min < lo else lo
+            hi = st.max if hi is None or st.max > hi else hi
+        if count >= 0:
+            nulls[path] = count
+        if bounded and lo is not None:
+            low, high = _json_bound(lo, type_), _json_bound(hi, type_)
+            if low is not None and high is not None:
+                mins[path], maxs[path] = low, high
+    return json.dumps({"numRecords": footer.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+
+
+class DeltaDestination(Destination):
+    format = TableFormat.DELTA
+    transaction = (
+        "in the driver, after every file of a roll is written: one Delta log entry adds them all, with one "
+        "application transaction per vnode (version: the epoch the vnode's committed files reach)"
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.uri = table_uri(self.output.url)
+        self.storage = storage_options(self.output.storage_options)
+        self._table: DeltaTable | None = None
+
+    @property
+    def name(self) -> str:
+        return f"Delta table {self.uri}"
+
+    # -- reading the table -------------------------------------------------------------------------------------
+
+    def _load(self) -> DeltaTable | None:
+        """The table at its newest version, or None if there is none yet."""
+        if self._table is not None:
+            self._table.update_incremental()
+            return self._table
+        try:
+            self._table = DeltaTable(self.uri, storage_options=self.storage or None)
+        except TableNotFoundError:
+            return None
+        return self._table
+
+    def reach(self, table: DeltaTable, vnodes: Sequence[int]) -> dict[int, int]:
+        """Per vnode, the newest mark the table holds (vnodes without one are left out)."""
+        found: dict[int, int] = {}
+        for v in vnodes:
+            version = table.transaction_version(app_id(self.sink_id, v))
+            if version is not None:
+                found[v] = int(version)
+        return found
+
+    def held(self, files: Sequence[PlannedFile]) -> set[str] | None:
+        table = self._read("read the table's application transactions")
+        if table is None:
+            return set()
+        vnodes = sorted({v for f in files for v in f.starts})
+        return held_files(files, self.reach(table, vnodes), self.name)
+
+    def _read(self, action: str) -> DeltaTable | None:
+        try:
+            return self._load()
+        except OSError:
+            raise
+        except Exception as e:  # delta-rs raises its own exceptions for storage errors
+            self._table = None
+            raise OSError(f"{self.name}: cannot {action}: {e}") from e
+
+    # -- checks ------------------------------------------------------------------------------------------------
+
+    def check_schema(self, schema: pa.Schema) -> str | None:
+        for field in delta_arrow_schema(schema):
+            if pa.types.is_time(field.type) or pa.types.is_duration(field.type):
+                return f"column {field.name!r} of type {field.type}: a Delta table has no such type"
+            try:
+                DeltaSchema.from_arrow(pa.schema([field]))
+            except Exception as e:
+                return f"column {field.name!r} of type {field.type}: a Delta table cannot hold it ({e})"
+        for column in self.partition_by:
+            type_ = schema.field(column).type
+            if not (
+                pa.types.is_string(type_)
+                or pa.types.is_integer(type_)
+                or pa.types.is_boolean(type_)
+                or pa.types.is_date(type_)
+                or pa.types.is_timestamp(type_)
+                or pa.types.is_decimal(type_)
+                or pa.types.is_floating(type_)
+            ):
+                return f"partition column {column!r} of type {type_}: a Delta partition value cannot hold it"
+        return None
+
+    def check(self, schema: pa.Schema | None) -> None:
+        table = self._read("open the table")
+        if table is None:
+            return
+        columns = list(table.metadata().partition_columns)
+        if columns != list(self.partition_by):
+            raise TableFormatError(
+                f"the {self.name} exists, partitioned by {columns}, and this sink partitions by "
+                f"{list(self.partition_by)}. Nothing was written. Give partition_by={columns}, or a new table path."
+            )
+        if schema is None:
+            return
+        want = delta_arrow_schema(schema)
+        have = pa.schema(table.schema().to_arrow())
+        have_types = {f.name: f.type for f in have}
+        different = [
+            f"{f.name} ({have_types.get(f.name, 'missing')} in the table, {f.type} here)"
+            for f in want
+            if not _same_type(have_types.get(f.name), f.type)
+        ]
+        extra = [f.name for f in have if f.name not in want.names]
+        if different or extra:
+            shown = "; ".join(different + [f"{c} (only in the table)" for c in extra])
+            raise TableFormatError(
+                f"the {self.name} exists with other columns than this sink's: {shown}. Nothing was written. "
+                "Give the sink a new table path, or write the columns the table has."
+            )
+
+    # -- committing --------------------------------------------------------------------------------------------
+
+    def _create(self, schema: pa.Schema) -> DeltaTable:
+        try:
+            self._table = DeltaTable.create(
+                self.uri,
+                schema=delta_arrow_schema(schema),
+                partition_by=list(self.partition_by) or None,
+                mode="ignore",
+                configuration=CONFIGURATION,
+                storage_options=self.storage or None,
+                commit_properties=CommitProperties(custom_metadata={"filesink.sink_id": self.sink_id}),
+            )
+        except Exception as e:
+            raise TableCommitFailedError(
+                f"cannot create the {self.name}: {e}. Nothing was committed; the files stay pending and the next "
+                "start commits them. Check the table path and its storage's permissions."
+            ) from e
+        return self._table
+
+    def _footer(self, key: str, footer: pq.FileMetaData | None) -> pq.FileMetaData:
+        if footer is not None:
+            return footer
+        if self.output.is_local:
+            return pq.read_metadata(self.output.local_root() / key)
+        fs, root = filesystem(self.output)
+        with fs.open(f"{root}/{key}", "rb") as f:
+            return pq.read_metadata(f)
+
+    def _add(self, obj: WrittenObject, schema: pa.Schema, now: int) -> AddAction:
+        texts = partition_texts(obj.key, self.partition_by)
+        values: dict[str, str | None] = {}
+        for column, text in zip(self.partition_by, texts, strict=True):
+            type_ = schema.field(column).type
+            value = typed_value(text, type_, column)
+            if pa.types.is_timestamp(type_) and value is not None:
+                values[column] = value.strftime("%Y-%m-%d %H:%M:%S.%f")  # type: ignore[attr-defined]
+            else:
+                values[column] = text
+        return AddAction(
+            path=obj.key,
+            size=obj.size,
+            partition_values=values,
+            modification_time=now,
+            data_change=True,
+            stats=stats(self._footer(obj.key, obj.footer), self.partition_by),
+        )
+
+    def make_visible(
+        self, files: Sequence[PlannedFile], written: Mapping[str, Sequence[WrittenObject]], schema: pa.Schema
+    ) -> None:
+        table = self._read("read the table before a commit") or self._create(schema)
+        vnodes = sorted({v for f in files for v in f.starts})
+        held = held_files(files, self.reach(table, vnodes), self.name)
+        pending = [f for f in files if f.name not in held]
+        if not pending:
+            return
+        now = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            self._add(obj, schema, now) for f in pending for obj in written[f.name]
+        ]
+        marks = [Transaction(app_id(self.sink_id, v), e) for f in pending for v, e in sorted(marks_of(f).items())]
+        names = [f.name for f in pending]
+        metadata = {
+            "filesink.sink_id": self.sink_id,
+            "filesink.files": ",".join(names),
+            "filesink.epochs": f"{min(min(f.starts.values(), default=f.end_epoch) for f in pending)}-"
+            f"{max(f.end_epoch for f in pending)}",
+        }
+        try:
+            table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=table.schema(),
+                partition_by=list(self.partition_by) or None,
+                commit_properties=CommitProperties(custom_metadata=metadata, app_transactions=marks),
+            )
+        except Exception as e:
+            self._table = None
+            self._after_failure(pending, e)
+
+    def _after_failure(self, pending: Sequence[PlannedFile], error: Exception) -> None:
+        """Read the table again: the commit landed after all (done), or it did not (failed), or no one can tell."""
+        names = [f.name for f in pending]
+        try:
+            now = self.held(pending) or set()
+        except Exception as e:
+            raise TableCommitUnknownError(
+                f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} failed ({error}), and the "
+                f"table could not be read again to tell whether it landed ({e}). The files stay pending: the next "
+                "start, or filesink recover apply, decides from the table's history alone and commits them once."
+            ) from error
+        if now == set(names):
+            return
+        raise TableCommitFailedError(
+            f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} did not land: {error}. The "
+            "files stay pending: the next start, or filesink recover apply, commits them once. If another writer "
+            "commits to this table, make sure it does not use this sink's application ids "
+            f"({app_id(self.sink_id, 0)} ...)."
+        ) from error
+
+    def status(self) -> dict[str, Any]:
+        out = super().status()
+        try:
+            table = self._load()
+        except Exception as e:
+            out["error"] = str(e)
+            return out
+        out["version"] = table.version() if table is not None else None
+        return out
+
+
+def _same_type(have: pa.DataType | None, want: pa.DataType) -> bool:
+    if have is None:
+        return False
+    if have.equals(want):
+        return True
+    loose = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+    return loose.get(have, have).equals(loose.get(want, want)) or str(have) == str(want)
