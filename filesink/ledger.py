@@ -39,7 +39,7 @@ from logstore.statedb import apply_migrations, db_errors, translated
 from .errors import CommitConflictError, FencedError, SinkOptionError
 from .schema import file_schema_bytes
 
-IDENTITY = ("output", "key_columns", "partition_by")
+IDENTITY = ("output", "key_columns", "partition_by", "table_format", "table")
 """What makes a sink the sink it is, besides its id and its log store: kept for life."""
 
 migrations = Migrations("filesink")
@@ -98,6 +98,16 @@ def _query_id(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE sink_config ADD COLUMN query_id TEXT")
 
 
+@migrations(name="0004_table_format")
+def _table_format(db: sqlite_utils.Database) -> None:
+    db.executescript(
+        """
+        ALTER TABLE sink_config ADD COLUMN table_format TEXT NOT NULL DEFAULT 'directory';
+        ALTER TABLE sink_config ADD COLUMN table_name TEXT;
+        """
+    )
+
+
 class FileState(StrEnum):
     PENDING = "pending"
     """Pre-committed: the file may or may not be visible; its log data is kept until it is resolved."""
@@ -142,13 +152,22 @@ class Ledger:
 
     @db_errors("read the sink's configuration")
     def config(self) -> dict[str, object] | None:
-        """The sink's recorded configuration (output, key_columns, partition_by), or None before the first start."""
+        """The sink's recorded configuration (output, key_columns, partition_by, table_format, table), or None before
+        the first start."""
         if "sink_config" not in self.db.table_names():
             return None
-        row = self.db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
+        columns = {c.name for c in self.db["sink_config"].columns}
+        table = ", table_format, table_name" if "table_format" in columns else ", 'directory', NULL"
+        row = self.db.execute(f"SELECT output, key_columns, partition_by{table} FROM sink_config").fetchone()
         if row is None:
             return None
-        return {"output": row[0], "key_columns": json.loads(row[1]), "partition_by": json.loads(row[2])}
+        return {
+            "output": row[0],
+            "key_columns": json.loads(row[1]),
+            "partition_by": json.loads(row[2]),
+            "table_format": row[3],
+            "table": row[4],
+        }
 
     @db_errors("check the sink's configuration")
     def check_config(
@@ -157,16 +176,27 @@ class Ledger:
         key_columns: list[str] | None,
         partition_by: list[str],
         *,
+        table_format: str = "directory",
+        table: str | None = None,
         before_record: Callable[[], None] | None = None,
     ) -> None:
         """Record the sink's identity at creation (in the database and the durable home); later, refuse a
-        different output, keys or partitioning. A new database takes the identity the home recorded (rebuild),
-        and refuses, before anything is written, a home that belongs to a sink with another identity."""
-        given = {"output": output, "key_columns": key_columns, "partition_by": partition_by}
-        row = self.db.execute("SELECT output, key_columns, partition_by FROM sink_config").fetchone()
+        different output, keys, partitioning or table. A new database takes the identity the home recorded
+        (rebuild), and refuses, before anything is written, a home that belongs to a sink with another identity."""
+        given = {
+            "output": output,
+            "key_columns": key_columns,
+            "partition_by": partition_by,
+            "table_format": table_format,
+            "table": table,
+        }
+        row = self.db.execute(
+            "SELECT output, key_columns, partition_by, table_format, table_name FROM sink_config"
+        ).fetchone()
         if row is None:
             home = self.store.home.read(SINK_RECORD)
             if home is not None and home.get("sink_id") == self.store.sink_id:
+                home = {"table_format": "directory", "table": None, **home}  # recorded before table formats
                 different = [k for k in IDENTITY if home.get(k) != given[k]]
                 if different:
                     shown = "; ".join(f"{k} {home.get(k)!r} there, {given[k]!r} here" for k in different)
@@ -181,12 +211,14 @@ class Ledger:
                 before_record()  # e.g. the output's claim: refused before anything is recorded
             with self.db.atomic():
                 self.db.execute(
-                    "INSERT INTO sink_config (id, output, key_columns, partition_by, spark_schema, query_id, "
-                    "created_at) VALUES (1, ?, ?, ?, ?, ?, datetime('now'))",
+                    "INSERT INTO sink_config (id, output, key_columns, partition_by, table_format, table_name, "
+                    "spark_schema, query_id, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, datetime('now'))",
                     (
                         output,
                         json.dumps(key_columns),
                         json.dumps(partition_by),
+                        table_format,
+                        table,
                         (home or {}).get("spark_schema"),
                         (home or {}).get("query_id"),
                     ),
@@ -196,13 +228,19 @@ class Ledger:
             return
         if not self.store.readonly and self.store.home.read(SINK_RECORD) is None:
             self._write_home_record()  # a sink created before it had a durable home
-        changed = row[1] != json.dumps(key_columns) or row[2] != json.dumps(partition_by)
+        changed = (row[1], row[2], row[3], row[4]) != (
+            json.dumps(key_columns),
+            json.dumps(partition_by),
+            table_format,
+            table,
+        )
         if row[0] == output and changed and not self.store.readonly and self.store.last_sealed_epoch == NOTHING:
-            # Nothing was ever sealed (e.g. the first batch was refused): keys and partitioning may still change.
+            # Nothing was ever sealed (e.g. the first batch was refused): keys, partitioning and the table format may
+            # still change.
             with self.db.atomic():
                 self.db.execute(
-                    "UPDATE sink_config SET key_columns = ?, partition_by = ?",
-                    (json.dumps(key_columns), json.dumps(partition_by)),
+                    "UPDATE sink_config SET key_columns = ?, partition_by = ?, table_format = ?, table_name = ?",
+                    (json.dumps(key_columns), json.dumps(partition_by), table_format, table),
                 )
             self._write_home_record()
             return
@@ -210,6 +248,8 @@ class Ledger:
             ("output path", row[0], output),
             ("key_columns", row[1], json.dumps(key_columns)),
             ("partition_by", row[2], json.dumps(partition_by)),
+            ("table_format", row[3], table_format),
+            ("table", row[4], table),
         ):
             if recorded != value:
                 raise SinkOptionError(
@@ -223,7 +263,13 @@ class Ledger:
         home = self.store.home.read(SINK_RECORD)
         if home is None or self.config() is not None:
             return
-        self.check_config(str(home["output"]), home.get("key_columns"), list(home.get("partition_by") or []))
+        self.check_config(
+            str(home["output"]),
+            home.get("key_columns"),
+            list(home.get("partition_by") or []),
+            table_format=str(home.get("table_format") or "directory"),
+            table=home.get("table"),
+        )
         with self.db.atomic():  # the term the sink runs under now (a new term is taken above it at start)
             newest = self.store.home.newest_term() or 0
             self.db.execute("UPDATE sink_config SET writer_term = MAX(writer_term, ?)", (newest,))
@@ -233,7 +279,8 @@ class Ledger:
         if self.store.readonly:
             return
         row = self.db.execute(
-            "SELECT output, key_columns, partition_by, spark_schema, query_id FROM sink_config"
+            "SELECT output, key_columns, partition_by, spark_schema, query_id, table_format, table_name "
+            "FROM sink_config"
         ).fetchone()
         self.store.home.write(
             SINK_RECORD,
@@ -244,6 +291,8 @@ class Ledger:
                 "partition_by": json.loads(row[2]),
                 "spark_schema": row[3],
                 "query_id": row[4],
+                "table_format": row[5],
+                "table": row[6],
             },
         )
 

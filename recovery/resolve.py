@@ -36,7 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import pyarrow as pa
+
 from filesink.damage import damaged_error
+from filesink.destination import Destination
 from filesink.errors import StateBehindError
 from filesink.ledger import Ledger, PlannedFile
 from filesink.output import (
@@ -54,7 +57,7 @@ from filesink.output import (
     remove_output_garbage,
     write_mark,
 )
-from filesink.writer import FileTask, write_file
+from filesink.writer import FileTask, WrittenObject, write_file
 from logstore import DamagedSegment, GarbageReport, GivenUp, LogStore
 from logstore.conditional import require_conditional_create
 from logstore.failpoints import failpoint
@@ -84,6 +87,8 @@ class Resolution:
     action: Action
     mismatched: list[str] = field(default_factory=list)
     """Visible keys whose size differs from the size their writer recorded."""
+    held: bool | None = None
+    """Whether the table holds the file (its history says so); None for the directory, where visible is listed."""
 
 
 @dataclass
@@ -131,19 +136,31 @@ def _recorded(found: list[ObjectRecord]) -> Recorded:
 
 
 def _resolution(
-    output: OutputLocation, partitioned: bool, f: PlannedFile, recorded: Recorded, points: dict[int, int]
+    output: OutputLocation,
+    partitioned: bool,
+    f: PlannedFile,
+    recorded: Recorded,
+    points: dict[int, int],
+    held: set[str] | None = None,
 ) -> Resolution:
+    """What to do with the pending file ``f``. ``held``: the pending files a table holds (None: the directory,
+    where a file is visible when its objects are listed). A table decides alone: a file it holds is committed
+    whatever is left of its objects; one it does not hold is committed (made visible first) if its objects are
+    whole, written again if not, dropped if none is there."""
     visible = object_keys(output, f.name)
+    in_table = None if held is None else f.name in held
     if f.starts and all(points.get(v, -1) >= f.end_epoch for v in f.starts):
-        return Resolution(f, visible, Action.RELEASED)
+        return Resolution(f, visible, Action.RELEASED, held=in_table)
+    if in_table:
+        return Resolution(f, visible, Action.COMMIT, held=True)
     if not visible:
-        return Resolution(f, visible, Action.DROP)
+        return Resolution(f, visible, Action.DROP, held=in_table)
     sizes = recorded.get(f.name, {})
     mismatched = [k for k, size in visible if k in sizes and size not in sizes[k]]
     # A partitioned file is known to be complete only if its writer's records list exactly the visible keys.
     complete = not partitioned or (bool(sizes) and set(sizes) == {k for k, _ in visible})
     action = Action.COMMIT if complete and not mismatched else Action.REWRITE
-    return Resolution(f, visible, action, mismatched)
+    return Resolution(f, visible, action, mismatched, held=in_table)
 
 
 def _committing(resolutions: list[Resolution]) -> dict[int, int]:
@@ -165,14 +182,18 @@ def plan_recovery(
     partitioned: bool,
     verify: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    destination: Destination | None = None,
 ) -> RecoveryPlan:
     """What recovery would do now. Changes nothing (and fences nothing: visibility can still change while
     writers of the current term run). With ``verify``, every segment the sink still needs is read whole and
-    checked (``damaged``; ``progress(done, total)`` after each), else only listed."""
+    checked (``damaged``; ``progress(done, total)`` after each), else only listed. ``destination``: a table's,
+    asked which pending files it holds."""
     term = ledger.term() + 1
     recorded = _recorded(list(records(store.storage)))
     points = store.truncate_points()
-    files = [_resolution(output, partitioned, f, recorded, points) for f in ledger.pending()]
+    pending = ledger.pending()
+    held = destination.held(pending) if destination is not None and pending else None
+    files = [_resolution(output, partitioned, f, recorded, points, held) for f in pending]
     return RecoveryPlan(
         files=files,
         output_garbage=find_output_garbage(output, store.storage, store.sink_id, term),
@@ -211,6 +232,7 @@ def apply_recovery(
     single_driver: bool = False,
     accept_duplicates: bool = False,
     probed: bool = False,
+    destination: Destination | None = None,
 ) -> RecoveryPlan:
     """Fence older writers, resolve every pending file, then remove garbage; see the module docstring.
 
@@ -224,6 +246,9 @@ def apply_recovery(
     Only run while no writer of the sink's current term can run (the caller holds the state directory's
     lock). Returns what was done, with the new writer term; ``file_task(file, term)`` builds the task that
     writes a file again. ``progress(done, total, resolution)`` is called after each file.
+
+    With a table's ``destination``, the table alone says which pending files are committed; a file it does not
+    hold whose objects are whole is added to it (once: the table's marks say whether it holds a file).
 
     Segments the sink still needs are checked after fencing: listed (missing, truncated), or with ``verify``
     read whole (``verify_progress(done, total)`` after each). Damage raises :class:`DamagedLogError` before any
@@ -248,7 +273,8 @@ def apply_recovery(
     recorded = _recorded(list(records(store.storage)))
     pending = ledger.pending()
     points = store.truncate_points()
-    resolutions = [_resolution(output, partitioned, f, recorded, points) for f in pending]
+    held = destination.held(pending) if destination is not None and pending else None
+    resolutions = [_resolution(output, partitioned, f, recorded, points, held) for f in pending]
     done.damaged = store.damaged(verify_progress, quick=not verify, after=_committing(resolutions))
     if done.damaged and not drop_damaged:
         store.check_term("start or recover the sink")  # segments a newer owner released are not damage
@@ -260,12 +286,17 @@ def apply_recovery(
         elif r.action is Action.RELEASED:
             ledger.commit([f], {}, [], term)
         elif r.action is Action.COMMIT:
+            if r.held is False and destination is not None:
+                objects = [WrittenObject(key, size, 0) for key, size in r.visible]
+                _make_visible(store, ledger, destination, f, objects)
             ledger.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
         else:
             task = file_task(f, term)
             if partitioned and any(is_shared_name(key, f.name) for key, _ in r.visible):
                 task = dataclasses.replace(task, legacy_names=True)  # written by an earlier version: same keys
             objects = write_file(output, task)
+            if destination is not None and r.held is False:
+                _make_visible(store, ledger, destination, f, objects)
             ledger.commit([f], {f.name: sum(o.size for o in objects)}, [], term)
         failpoint("recovery.resolve.after", f.name)
         done.files.append(r)
@@ -281,3 +312,14 @@ def apply_recovery(
     if store.truncate_points() != mark:  # durable in the home now (the sweep recorded them): the mark follows
         write_mark(output, store.sink_id, store.truncate_points())
     return done
+
+
+def _make_visible(
+    store: LogStore, ledger: Ledger, destination: Destination, f: PlannedFile, objects: list[WrittenObject]
+) -> None:
+    """Add a pending file the table does not hold to it (the term is checked first: a newer run decides)."""
+    schema = ledger.arrow_schema()
+    assert schema is not None, "a pending file was planned after a seal with rows"
+    store.check_term(f"commit file {f.name} to the {destination.name}")
+    failpoint("recovery.table.before", f.name)
+    destination.make_visible([f], {f.name: objects}, pa.ipc.read_schema(pa.py_buffer(schema)))
