@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(e, PySparkException | Py4JError):
             raise
-        from .run import spark_error_summary
+        from .runquery import spark_error_summary
 
         lines = "\n  ".join(spark_error_summary(e))
         print(
@@ -267,7 +267,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--remote takes a Spark Connect URL such as sc://host:15002, not {args.remote!r}")
     from rich.console import Console
 
-    from .run import RunConfig, run
+    from .run import run
+    from .runconfig import RunConfig
 
     config = RunConfig(
         input=args.input.absolute(),

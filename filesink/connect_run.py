@@ -22,7 +22,8 @@ from typing import Any
 
 from .errors import EXIT_OK, InputError, SinkOptionError
 from .progress import plural
-from .run import KILL_EXIT, RunConfig, _reader, _report_failure, _signals, _watch, make_sink, stream_writer
+from .runconfig import RunConfig, input_reader, make_sink, stream_writer
+from .runquery import KILL_EXIT, report_failure, stop_signals, watch
 
 
 class QueryProgress:
@@ -88,8 +89,8 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
     spark = connect_session(config)  # first: a sink made in a Connect client is a description, opened by the server
     try:
         sink = make_sink(config, config.storage_options())
-        schema = config.schema or _reader(spark, config, streaming=False).load(str(config.input)).schema
-        stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
+        schema = config.schema or input_reader(spark, config, streaming=False).load(str(config.input)).schema
+        stream = input_reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         sink.check_schema(stream.schema)
         writer = stream_writer(stream, sink, config)
         stop = threading.Event()
@@ -110,12 +111,12 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
                 "run writes it. Nothing is lost."
             )
 
-        with _signals(ask_stop, last_words):
+        with stop_signals(ask_stop, last_words):
             query = writer.start()
             progress = QueryProgress(console, query)
-            failure = _watch(query, None, stop, progress)
+            failure = watch(query, None, stop, progress)
             if failure is not None:
-                return _report_failure(failure, None, config, out)
+                return report_failure(failure, None, config, out)
             if not stop.is_set():  # drained (--available-now): write what the log store holds
                 sink.flush()
         verb = "stopped" if stop.is_set() else "done"

@@ -5,39 +5,26 @@ sink, and the sink opens at once (lock, recovery, timer), so errors show when it
 the client pickles the ``foreachBatch`` function and the server runs it in a Python process of its own (one per
 query start, see ``docs/configuration.md``). There the sink is its :class:`SinkDescription`: created on the
 client it checks its options only; unpickled on the server it opens at its first batch, through
-:func:`open_described`, which keeps one open sink per state directory and process, so that the lock, recovery
-and the idle-rollover timer happen once per open sink even if the description is unpickled more than once.
+:func:`filesink.sink.open_described`, which keeps one open sink per state directory and process, so that the lock,
+recovery and the idle-rollover timer happen once per open sink even if the description is unpickled more than once.
+The sink itself, the open sinks of a process and ``flush()`` through Connect are in :mod:`filesink.sink`: this
+module imports nothing of it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logstore import VNODE_COLUMN
 from logstore.storage import is_local
 
-from .errors import SinkLockedError, SinkOptionError
+from .errors import SinkOptionError
 from .rollover import Rollover
-
-if TYPE_CHECKING:
-    from .sink import ExactlyOnceParquetSink
-
-LOCK_WAIT_SECONDS = 60.0
-"""How long a sink opening from its description waits for the state directory's lock. When a Connect query
-stops, the server ends its foreachBatch process (SIGTERM) without waiting for it; a restarted query (or a flush)
-may start before the OS has released the old process's lock."""
-
-FLUSH_CHECKPOINTS = "connect-flush"
-"""Directory under ``state_dir`` (on the server) for the checkpoints of the one-batch queries ``flush()`` runs
-under Spark Connect; each flush removes those of earlier flushes."""
 
 
 def _columns(value: Sequence[str] | None, name: str) -> tuple[str, ...] | None:
@@ -199,118 +186,3 @@ def pickled_for_foreach_batch() -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
-
-
-# -- open sinks of this process --------------------------------------------------------------------------
-
-_open: dict[str, ExactlyOnceParquetSink] = {}
-_open_lock = threading.Lock()
-
-
-def open_described(description: SinkDescription) -> ExactlyOnceParquetSink:
-    """The sink ``description`` opened in this process: the one opened before for its state directory, or a new
-    one (waiting up to :data:`LOCK_WAIT_SECONDS` for the state directory's lock). Opening takes the lock, runs
-    recovery and (at its first batch) starts the idle timer, so it happens once per state directory and process.
-    """
-    from .sink import ExactlyOnceParquetSink
-
-    with _open_lock:
-        sink = _open.get(description.state_dir)
-        if sink is not None and not sink.closed:
-            if sink.description != description:
-                raise SinkOptionError(
-                    f"a sink with other options is open on state_dir {description.state_dir} in this process "
-                    f"(for {sink.path}). One state directory holds one sink: give this one its own state_dir."
-                )
-            return sink
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        while True:
-            try:
-                sink = ExactlyOnceParquetSink.open_description(description)
-                break
-            except SinkLockedError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        _open[description.state_dir] = sink
-        return sink
-
-
-def opened_here(description: SinkDescription) -> ExactlyOnceParquetSink | None:
-    """The sink of ``description`` if it is open in this process."""
-    with _open_lock:
-        sink = _open.get(description.state_dir)
-    return sink if sink is not None and not sink.closed and sink.description == description else None
-
-
-def forget(sink: ExactlyOnceParquetSink) -> None:
-    """Called by a sink's ``close()``: the next batch in this process opens the description again."""
-    with _open_lock:
-        if _open.get(str(sink.state_dir)) is sink:
-            del _open[str(sink.state_dir)]
-
-
-# -- flush under Spark Connect ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FlushOnServer:
-    """The ``foreachBatch`` function of the one-batch query that ``flush()`` runs under Spark Connect: on the
-    server it opens the sink (recovery included), writes everything the log store holds, and closes it."""
-
-    description: SinkDescription
-    checkpoint: str
-    done_view: str
-    """A global temporary view made on the server once the flush is done: the client's proof that it ran (global
-    temporary views are shared by the server's sessions; the batch runs in a session of its own)."""
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        try:
-            sink = open_described(self.description)
-        except SinkLockedError as e:
-            raise SinkLockedError(
-                f"flush() of the sink for {self.description.path} could not open it on the server: {e} Under Spark "
-                "Connect the sink lives in the server process of its query; flush() is for a stopped query (after "
-                "an available-now run, or query.stop()). While the query runs, files roll by the sink's rules, "
-                "max_age_seconds among them."
-            ) from None
-        try:
-            _remove_other_checkpoints(Path(self.checkpoint))  # under the lock: no other flush runs on this sink
-            sink.use_spark(df.sparkSession)
-            sink.flush()
-        finally:
-            sink.close()
-        df.sparkSession.range(1).createOrReplaceGlobalTempView(self.done_view)
-
-
-def _remove_other_checkpoints(checkpoint: Path) -> None:
-    import shutil
-
-    for old in checkpoint.parent.iterdir() if checkpoint.parent.is_dir() else []:
-        if old != checkpoint:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def flush_through_connect(description: SinkDescription, spark: Any) -> None:
-    """Run :class:`FlushOnServer` as a one-batch query on the Connect server of ``spark``, and wait for it."""
-    name = uuid.uuid4().hex
-    checkpoint = str(Path(description.state_dir) / FLUSH_CHECKPOINTS / name)
-    done_view = f"filesink_flush_{name}"
-    query = (
-        spark.readStream.format("rate-micro-batch")
-        .option("rowsPerBatch", 1)
-        .load()
-        .writeStream.foreachBatch(FlushOnServer(description, checkpoint, done_view))
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()  # raises the server's error (StreamingQueryException) if the flush failed
-    if not spark.catalog.dropGlobalTempView(done_view):
-        from .errors import SinkFailedError
-
-        raise SinkFailedError(
-            f"flush() of the sink for {description.path} ran its one-batch query on the Spark Connect server, but "
-            "the query ran no batch, so nothing was written. Nothing is lost: the rows stay in the log store. Call "
-            "flush() again, or restart the query (files roll by the sink's rules)."
-        )

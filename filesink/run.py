@@ -14,175 +14,27 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from logstore import LogStore, LogStoreError
+from logstore import LogStore
 from logstore import store as logstore_store
 from logstore.storage import is_local
 from logstore.store import REBUILD_NOTICE
 
-from . import s3options
 from . import sink as sink_module
 from .damage import given_up_line
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, FileSinkError, InputError
+from .errors import EXIT_OK, InputError
 from .preflight import check_input, check_master, check_s3, make_local_dir
 from .progress import Progress, files_line, held, plural, rows_line
-from .rollover import Rollover
+from .runconfig import RunConfig, input_reader, make_sink, stream_writer
+from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
 from .sink import START_NOTICE, ExactlyOnceParquetSink
-
-KILL_EXIT = EXIT_INTERRUPTED
-"""Exit status after a second Ctrl-C or SIGTERM: the process ends without waiting for the batch."""
-
-
-@dataclass
-class RunConfig:
-    """The options of ``filesink run`` (see ``docs/cli.md``)."""
-
-    input: Path
-    format: str
-    output: str
-    state_dir: Path
-    keys: list[str] = field(default_factory=list)
-    partition_by: list[str] = field(default_factory=list)
-    trigger_seconds: float = 5.0
-    parallelism: int | None = None
-    target_file_size: int | None = 128 * 2**20
-    max_file_age: float | None = 300.0
-    available_now: bool = False
-    s3_endpoint: str | None = None
-    region: str | None = None
-    extra_storage_options: dict[str, Any] = field(default_factory=dict)
-    """Storage options from ``--storage-options`` and ``--storage-option`` (:mod:`filesink.s3options`)."""
-    master: str | None = None
-    checkpoint: Path | None = None
-    schema: str | None = None
-    max_files_per_trigger: int | None = None
-    spark_conf: dict[str, str] = field(default_factory=dict)
-    log_store: str | None = None
-    accept_state_loss: bool = False
-    accept_duplicates: bool = False
-    """``--accept-duplicates``: with ``--accept-state-loss``, batch 0 may write to an output that holds rows."""
-    single_driver: bool = False
-    """``--single-driver``: go on where the log store's location has no conditional create (``docs/recovery.md``)."""
-    remote: str | None = None
-    """A Spark Connect URL (``--remote``, or ``SPARK_REMOTE``): the job runs through that server, where every
-    path is the server's (:mod:`filesink.connect_run`)."""
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.checkpoint or self.state_dir / "checkpoint"
-
-    def storage_options(self) -> dict[str, Any]:
-        """s3fs options: ``--s3-endpoint``, ``--region``, ``--storage-option(s)``; credentials from the AWS
-        variables or profile. Credentials set in this process's environment are passed on explicitly, so that
-        executors on other machines (``--master``), which append to and read from the log store, use the same
-        ones."""
-        return s3options.build(endpoint=self.s3_endpoint, region=self.region, json_options=self.extra_storage_options)
-
-
-class StopRequested(FileSinkError):
-    """A batch was refused because the job is stopping; it runs again at the next start."""
-
-
-class _Batches:
-    """The ``foreachBatch`` function: passes batches to the sink until a stop is asked for, then refuses
-    them (raising, so that Spark does not record the batch as done: it is replayed at the next start)."""
-
-    def __init__(self, sink: ExactlyOnceParquetSink) -> None:
-        self.sink = sink
-        self._lock = threading.Lock()
-        self._active = 0
-        self.stopping = False
-        self.error: BaseException | None = None
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        with self._lock:
-            if self.stopping:
-                raise StopRequested(f"batch {batch_id} was not started: the job is stopping")
-            self._active += 1
-        try:
-            self.sink(df, batch_id)
-        except BaseException as e:
-            self.error = e
-            raise
-        finally:
-            with self._lock:
-                self._active -= 1
-
-    def stop(self) -> None:
-        """Refuse new batches and wait for the one in progress."""
-        with self._lock:
-            self.stopping = True
-        while True:
-            with self._lock:
-                if not self._active:
-                    return
-            time.sleep(0.05)
-
-
-@contextmanager
-def _signals(on_first: Callable[[], None], last_words: Callable[[], str]) -> Iterator[None]:
-    """SIGINT and SIGTERM: the first calls ``on_first``; the second writes ``last_words()`` to stderr and ends
-    the process at once (written straight to the descriptor: a live progress panel or a buffer could hold it)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    count = 0
-
-    def handler(signum: int, frame: object) -> None:
-        nonlocal count
-        count += 1
-        if count > 1:
-            try:
-                words = last_words()
-                stderr = os.dup(2)
-                _quiet_stderr()  # threads of pyspark's print tracebacks once the JVM is gone: not after a stop
-                _end_local_jvm()  # so Spark's own shutdown traces do not come after ours
-                os.write(stderr, ("\n" + words + "\n").encode())
-            finally:
-                os._exit(KILL_EXIT)
-        on_first()
-
-    before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)
-
-
-def _quiet_stderr() -> None:
-    """Point this process's stderr at /dev/null (the process ends right after)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-    except OSError:
-        return
-
-
-def _end_local_jvm(deadline: float = 3.0) -> None:
-    """SIGKILL the local Spark JVM this process started, if any, and wait for it (at most ``deadline`` seconds).
-    Left alone, it notices its parent is gone only after this process exited, and prints stack traces of its
-    own shutdown after the last words of a stop at once. Under Spark Connect there is no local JVM."""
-    try:
-        from pyspark import SparkContext
-
-        proc = getattr(SparkContext._gateway, "proc", None)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.kill()
-        proc.wait(timeout=deadline)
-    except Exception:  # the process ends now whatever happens here
-        return
 
 
 @contextmanager
@@ -201,24 +53,6 @@ def _start_notices_said_here() -> Iterator[None]:
     finally:
         for logger in loggers:
             logger.removeFilter(said_here)
-
-
-def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetSink:
-    """The sink ``config`` describes (opened here, or under Spark Connect a description opened by the server)."""
-    return ExactlyOnceParquetSink(
-        config.output,
-        config.state_dir,
-        log_store=config.log_store,
-        accept_state_loss=config.accept_state_loss,
-        accept_duplicates=config.accept_duplicates,
-        single_driver=config.single_driver,
-        key_columns=config.keys or None,
-        partition_by=config.partition_by or None,
-        parallelism=config.parallelism,
-        rollover=Rollover(target_file_size=config.target_file_size, max_age_seconds=config.max_file_age),
-        storage_options=options,
-        checkpoint_location=str(config.checkpoint_dir),
-    )
 
 
 def spark_session(config: RunConfig) -> Any:
@@ -240,27 +74,6 @@ def spark_session(config: RunConfig) -> Any:
     return builder.getOrCreate()
 
 
-def _reader(spark: Any, config: RunConfig, streaming: bool) -> Any:
-    reader = (spark.readStream if streaming else spark.read).format(config.format)
-    if config.format != "parquet":  # a malformed line fails its batch, instead of becoming a row of nulls
-        reader = reader.option("mode", "FAILFAST")
-    if config.format == "csv":
-        reader = reader.option("header", "true")
-        if not streaming:
-            reader = reader.option("inferSchema", "true")
-    if streaming and config.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
-    return reader
-
-
-def stream_writer(stream: Any, function: Any, config: RunConfig) -> Any:
-    """``stream`` written by ``foreachBatch(function)``, with the checkpoint and trigger of ``config``."""
-    writer = stream.writeStream.foreachBatch(function).option("checkpointLocation", str(config.checkpoint_dir))
-    if config.available_now:
-        return writer.trigger(availableNow=True)
-    return writer.trigger(processingTime=f"{config.trigger_seconds} seconds")
-
-
 def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, have_files: bool) -> Any:
     """The schema to read the input with: ``--schema``; else, for JSON and CSV, the one the sink recorded (so
     that a restart reads the files the same way); else the one Spark infers from the files there now."""
@@ -274,7 +87,7 @@ def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, ha
             f"the input directory {config.input} has no files yet to learn the schema from: add one, or give the "
             "schema with --schema (for example --schema 'id bigint, name string')"
         )
-    return _reader(spark, config, streaming=False).load(str(config.input)).schema
+    return input_reader(spark, config, streaming=False).load(str(config.input)).schema
 
 
 def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> int:
@@ -304,9 +117,9 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         spark = spark_session(config)
         spark.sparkContext.setLogLevel("FATAL")  # failures are reported below, without Spark's stack traces
         schema = input_schema(spark, config, sink, bool(files))
-        stream = _reader(spark, config, streaming=True).schema(schema).load(str(config.input))
+        stream = input_reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         sink.check_schema(stream.schema)
-        batches = _Batches(sink)
+        batches = Batches(sink)
         writer = stream_writer(stream, batches, config)
         stop = threading.Event()
 
@@ -314,13 +127,13 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
             stop.set()
             console.print(STOPPING, highlight=False, soft_wrap=True)
 
-        with _signals(ask_stop, lambda: stopped_at_once(config.state_dir)):
+        with stop_signals(ask_stop, lambda: stopped_at_once(config.state_dir)):
             try:
                 query = writer.start()
                 progress = Progress(console, sink.stats, config.state_dir, "filesink run")
-                failure = _watch(query, batches, stop, progress)
+                failure = watch(query, batches, stop, progress)
                 if failure is not None:
-                    return _report_failure(failure, batches, config, out)
+                    return report_failure(failure, batches, config, out)
                 if not stop.is_set():  # drained (--available-now): write what the log store holds
                     sink.flush()
                 stats = sink.stats
@@ -363,80 +176,6 @@ def stopped_at_once(state_dir: Path) -> str:
         f"again at the next start; {left}; the next run writes them, and its recovery at start resolves any file "
         "this stop interrupted. Nothing is lost."
     )
-
-
-def _watch(query: Any, batches: _Batches | None, stop: threading.Event, progress: Any) -> BaseException | None:
-    """Show progress until the query ends or a stop is asked for; returns the query's error, if it failed."""
-    from pyspark.errors import StreamingQueryException
-
-    with progress:
-        while True:
-            try:
-                if query.awaitTermination(0.5):
-                    break
-            except StreamingQueryException as e:
-                if stop.is_set():  # the batch in progress failed of the stop (a Ctrl-C reaches Spark's Python
-                    break  # workers too): nothing of it was committed, and the next run repeats it
-                return e
-            progress.update()
-            if stop.is_set():
-                if batches is not None:  # under Spark Connect the batch in progress is the server's
-                    batches.stop()
-                query.stop()
-                break
-        progress.update()
-    return None
-
-
-def _report_failure(
-    error: BaseException, batches: _Batches | None, config: RunConfig, out: Callable[[str], None]
-) -> int:
-    cause = batches.error if batches is not None else None
-    if isinstance(cause, (FileSinkError, LogStoreError)):  # its own message says what to do (e.g. fenced: stop)
-        raise cause
-    summary = spark_error_summary(cause if cause is not None else error)
-    detail = "\n  ".join(summary)
-    if any(mark in line for line in summary for mark in CONCURRENT_QUERY):
-        fix = (
-            f"Another streaming query uses the same checkpoint ({config.checkpoint_dir}): two runs of this command "
-            "overlap, as during a rolling update. Let one of them run (the newer one owns the sink; the older is "
-            "fenced at its next step), and start this command again only once the other run has stopped"
-        )
-    else:
-        fix = (
-            f"Fix the cause (for example replace a malformed file in {config.input} with a corrected copy of the "
-            "same name) and run the same command again"
-        )
-    out(
-        f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}: it "
-        "resumes with that batch."
-    )
-    return EXIT_FAILED
-
-
-CONCURRENT_QUERY = ("Multiple streaming queries are concurrently using", "Multiple streaming jobs detected")
-"""What Spark says when two queries run on one checkpoint (Spark 4, and earlier versions)."""
-
-
-WRAPPERS = ("STREAM_FAILED", "FOREACH_BATCH_USER_FUNCTION_ERROR")
-
-
-def spark_error_summary(error: BaseException, limit: int = 4) -> list[str]:
-    """The lines of a Spark error that say what went wrong (error classes such as ``[FAILED_READ_FILE...]`` with
-    the file, and the ``Caused by:`` chain), without stack frames, Python tracebacks or query wrappers."""
-    picked: list[str] = []
-    for raw in str(error).splitlines():
-        line = raw.strip().removeprefix("Caused by: ").removeprefix(": ")
-        m = re.search(r"\[[A-Z][A-Z_.]+\] .*", line)
-        if m:
-            line = m.group(0)
-        elif not re.match(r"[\w.$]+(Exception|Error): ", line):
-            continue
-        line = re.sub(r"^(org\.apache\.spark\.)?SparkException: ", "", line)
-        if any(f"[{w}" in line for w in WRAPPERS) or line in picked:
-            continue
-        picked.append(line)
-    return picked[:limit] or [str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__]
 
 
 def _report_recovery(sink: ExactlyOnceParquetSink, out: Callable[[str], None]) -> None:

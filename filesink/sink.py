@@ -13,6 +13,10 @@ At construction the sink takes the state directory's lock and runs recovery (:mo
 takes a new writer term, which fences every file writer of earlier runs, and resolves files left pending:
 a file that is visible is committed, one that is not is dropped and its data written again. The per-epoch path
 (``_roll``) uses the log store, the ledger, the planner, the writer and the output, never :mod:`recovery`.
+
+A sink unpickled from its description (:mod:`filesink.description`, under Spark Connect) opens at its first batch
+through :func:`open_described`, which keeps one open sink per state directory and process; its ``flush()`` from
+a Connect client runs a one-batch query on the server (:func:`flush_through_connect`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pickle
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,15 +50,7 @@ from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .backlog import BacklogTracker
 from .checkpoint import checkpoint_query_id
 from .damage import check_planned, diagnose, given_up_line
-from .description import (
-    SinkDescription,
-    connect_client,
-    flush_through_connect,
-    forget,
-    open_described,
-    opened_here,
-    pickled_for_foreach_batch,
-)
+from .description import SinkDescription, connect_client, pickled_for_foreach_batch
 from .errors import (
     BatchRefusedError,
     CheckpointMismatchError,
@@ -61,6 +58,7 @@ from .errors import (
     OutputHasRowsError,
     SchemaMismatchError,
     SinkFailedError,
+    SinkLockedError,
     SinkOptionError,
     StateBehindError,
     StateLostError,
@@ -103,6 +101,15 @@ START_NOTICE = "filesink_start_notice"
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""
+
+LOCK_WAIT_SECONDS = 60.0
+"""How long a sink opening from its description waits for the state directory's lock. When a Connect query
+stops, the server ends its foreachBatch process (SIGTERM) without waiting for it; a restarted query (or a flush)
+may start before the OS has released the old process's lock."""
+
+FLUSH_CHECKPOINTS = "connect-flush"
+"""Directory under ``state_dir`` (on the server) for the checkpoints of the one-batch queries ``flush()`` runs
+under Spark Connect; each flush removes those of earlier flushes."""
 
 
 @dataclass
@@ -516,8 +523,8 @@ class ExactlyOnceParquetSink:
         """Write everything the log store holds now (for example after an available-now run).
 
         Under Spark Connect, where the sink lives on the server, this runs a one-batch query there that opens the
-        sink, writes what it holds and closes it (:func:`filesink.description.flush_through_connect`); the query
-        that writes through the sink must be stopped."""
+        sink, writes what it holds and closes it (:func:`flush_through_connect`); the query that writes through the
+        sink must be stopped."""
         if not self._is_open:
             opened = opened_here(self._description)
             if opened is not None:
@@ -992,6 +999,115 @@ def _described(description: SinkDescription) -> ExactlyOnceParquetSink:
     sink._description = description
     sink._describe()
     return sink
+
+
+# -- open sinks of this process --------------------------------------------------------------------------
+
+_open: dict[str, ExactlyOnceParquetSink] = {}
+_open_lock = threading.Lock()
+
+
+def open_described(description: SinkDescription) -> ExactlyOnceParquetSink:
+    """The sink ``description`` opened in this process: the one opened before for its state directory, or a new
+    one (waiting up to :data:`LOCK_WAIT_SECONDS` for the state directory's lock). Opening takes the lock, runs
+    recovery and (at its first batch) starts the idle timer, so it happens once per state directory and process.
+    """
+    with _open_lock:
+        sink = _open.get(description.state_dir)
+        if sink is not None and not sink.closed:
+            if sink.description != description:
+                raise SinkOptionError(
+                    f"a sink with other options is open on state_dir {description.state_dir} in this process "
+                    f"(for {sink.path}). One state directory holds one sink: give this one its own state_dir."
+                )
+            return sink
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                sink = ExactlyOnceParquetSink.open_description(description)
+                break
+            except SinkLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        _open[description.state_dir] = sink
+        return sink
+
+
+def opened_here(description: SinkDescription) -> ExactlyOnceParquetSink | None:
+    """The sink of ``description`` if it is open in this process."""
+    with _open_lock:
+        sink = _open.get(description.state_dir)
+    return sink if sink is not None and not sink.closed and sink.description == description else None
+
+
+def forget(sink: ExactlyOnceParquetSink) -> None:
+    """Called by a sink's ``close()``: the next batch in this process opens the description again."""
+    with _open_lock:
+        if _open.get(str(sink.state_dir)) is sink:
+            del _open[str(sink.state_dir)]
+
+
+# -- flush under Spark Connect ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlushOnServer:
+    """The ``foreachBatch`` function of the one-batch query that ``flush()`` runs under Spark Connect: on the
+    server it opens the sink (recovery included), writes everything the log store holds, and closes it."""
+
+    description: SinkDescription
+    checkpoint: str
+    done_view: str
+    """A global temporary view made on the server once the flush is done: the client's proof that it ran (global
+    temporary views are shared by the server's sessions; the batch runs in a session of its own)."""
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        try:
+            sink = open_described(self.description)
+        except SinkLockedError as e:
+            raise SinkLockedError(
+                f"flush() of the sink for {self.description.path} could not open it on the server: {e} Under Spark "
+                "Connect the sink lives in the server process of its query; flush() is for a stopped query (after "
+                "an available-now run, or query.stop()). While the query runs, files roll by the sink's rules, "
+                "max_age_seconds among them."
+            ) from None
+        try:
+            _remove_other_checkpoints(Path(self.checkpoint))  # under the lock: no other flush runs on this sink
+            sink.use_spark(df.sparkSession)
+            sink.flush()
+        finally:
+            sink.close()
+        df.sparkSession.range(1).createOrReplaceGlobalTempView(self.done_view)
+
+
+def _remove_other_checkpoints(checkpoint: Path) -> None:
+    for old in checkpoint.parent.iterdir() if checkpoint.parent.is_dir() else []:
+        if old != checkpoint:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def flush_through_connect(description: SinkDescription, spark: Any) -> None:
+    """Run :class:`FlushOnServer` as a one-batch query on the Connect server of ``spark``, and wait for it."""
+    name = uuid.uuid4().hex
+    checkpoint = str(Path(description.state_dir) / FLUSH_CHECKPOINTS / name)
+    done_view = f"filesink_flush_{name}"
+    query = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", 1)
+        .load()
+        .writeStream.foreachBatch(FlushOnServer(description, checkpoint, done_view))
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()  # raises the server's error (StreamingQueryException) if the flush failed
+    if not spark.catalog.dropGlobalTempView(done_view):
+        raise SinkFailedError(
+            f"flush() of the sink for {description.path} ran its one-batch query on the Spark Connect server, but "
+            "the query ran no batch, so nothing was written. Nothing is lost: the rows stay in the log store. Call "
+            "flush() again, or restart the query (files roll by the sink's rules)."
+        )
 
 
 def _claim_of(url: str, options: Mapping[str, Any], name: str) -> tuple[str | None, str]:

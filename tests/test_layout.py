@@ -19,6 +19,8 @@ TOP = {
     "filesink.sink",
     "filesink.description",
     "filesink.run",
+    "filesink.runconfig",
+    "filesink.runquery",
     "filesink.connect_run",
     "filesink.cli",
     "filesink.progress",
@@ -106,6 +108,26 @@ def test_the_commit_path_does_not_import_recovery():
 def test_the_two_command_lines_do_not_import_each_other_both_ways():
     assert "recovery.cli" in _imports("filesink.cli")
     assert not any(_within(m, "filesink.cli") for m in _imports("recovery.cli"))
+
+
+MODULES_ONLY = sorted(m for m, path in MODULES.items() if path.name != "__init__.py")
+"""The modules, without the packages' ``__init__`` (a package's public face imports its modules)."""
+
+
+@pytest.mark.parametrize("module", MODULES_ONLY)
+def test_no_two_modules_import_each_other(module):
+    """Imports between two modules go one way."""
+    back = sorted(m for m in _imports(module) if m in MODULES_ONLY and m != module and module in _imports(m))
+    assert back == [], f"{module} and {back} import each other"
+
+
+def test_a_sink_description_and_the_connect_run_import_one_way():
+    """The sink imports its description, never the reverse; ``filesink run`` hands a run through Spark Connect to
+    ``filesink.connect_run``, which shares the run's pieces through ``runconfig`` and ``runquery``, not ``run``."""
+    assert "filesink.description" in _imports("filesink.sink")
+    assert not any(_within(m, "filesink.sink") for m in _imports("filesink.description"))
+    assert "filesink.connect_run" in _imports("filesink.run")
+    assert not any(_within(m, "filesink.run") for m in _imports("filesink.connect_run"))
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

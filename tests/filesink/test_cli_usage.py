@@ -7,7 +7,8 @@ import pytest
 
 from filesink.cli import build_parser
 from filesink.errors import EXIT_FAILED
-from filesink.run import RunConfig, _report_failure
+from filesink.runconfig import RunConfig
+from filesink.runquery import report_failure
 from recovery.cli import main as recovery_main
 
 RUN = ["run", "--input", "in", "--output", "out", "--state-dir", "state"]
@@ -72,7 +73,7 @@ def test_a_query_stopped_by_a_second_query_on_its_checkpoint_is_told_so(tmp_path
     config = RunConfig(input=tmp_path / "in", format="json", output=str(tmp_path / "out"), state_dir=tmp_path / "s")
     said: list[str] = []
     error = RuntimeError(f"StreamingQueryException: {spark_says}\n\tat org.apache.spark.Foo(Foo.scala:1)")
-    assert _report_failure(error, None, config, said.append) == EXIT_FAILED
+    assert report_failure(error, None, config, said.append) == EXIT_FAILED
     assert "Another streaming query uses the same checkpoint" in said[0] and str(tmp_path / "s") in said[0], said
     assert "malformed" not in said[0] and spark_says.split(" ", 1)[1][:30] in said[0], said
 
@@ -80,5 +81,5 @@ def test_a_query_stopped_by_a_second_query_on_its_checkpoint_is_told_so(tmp_path
 def test_any_other_query_failure_gets_the_input_advice(tmp_path):
     config = RunConfig(input=tmp_path / "in", format="json", output=str(tmp_path / "out"), state_dir=tmp_path / "s")
     said: list[str] = []
-    assert _report_failure(RuntimeError("[FAILED_READ_FILE] a.json"), None, config, said.append) == EXIT_FAILED
+    assert report_failure(RuntimeError("[FAILED_READ_FILE] a.json"), None, config, said.append) == EXIT_FAILED
     assert "replace a malformed file in" in said[0] and "Another streaming query" not in said[0], said

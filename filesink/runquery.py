@@ -1,0 +1,194 @@
+"""A run's streaming query once it is started, on local or classic Spark (:mod:`filesink.run`) and through a
+Spark Connect server (:mod:`filesink.connect_run`): Ctrl-C and SIGTERM (the first asks for a stop, the second ends
+the process at once), watching the query until it ends, and the report of a query that failed; and, on local or
+classic Spark, the ``foreachBatch`` function that refuses batches once a stop is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from logstore import LogStoreError
+
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, FileSinkError
+from .runconfig import RunConfig
+from .sink import ExactlyOnceParquetSink
+
+KILL_EXIT = EXIT_INTERRUPTED
+"""Exit status after a second Ctrl-C or SIGTERM: the process ends without waiting for the batch."""
+
+
+class StopRequested(FileSinkError):
+    """A batch was refused because the job is stopping; it runs again at the next start."""
+
+
+class Batches:
+    """The ``foreachBatch`` function on local or classic Spark: passes batches to the sink until a stop is asked
+    for, then refuses them (raising, so that Spark does not record the batch as done: it is replayed at the next
+    start). Under Spark Connect the sink itself is the function, and the batch in progress is the server's."""
+
+    def __init__(self, sink: ExactlyOnceParquetSink) -> None:
+        self.sink = sink
+        self._lock = threading.Lock()
+        self._active = 0
+        self.stopping = False
+        self.error: BaseException | None = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        with self._lock:
+            if self.stopping:
+                raise StopRequested(f"batch {batch_id} was not started: the job is stopping")
+            self._active += 1
+        try:
+            self.sink(df, batch_id)
+        except BaseException as e:
+            self.error = e
+            raise
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def stop(self) -> None:
+        """Refuse new batches and wait for the one in progress."""
+        with self._lock:
+            self.stopping = True
+        while True:
+            with self._lock:
+                if not self._active:
+                    return
+            time.sleep(0.05)
+
+
+@contextmanager
+def stop_signals(on_first: Callable[[], None], last_words: Callable[[], str]) -> Iterator[None]:
+    """SIGINT and SIGTERM: the first calls ``on_first``; the second writes ``last_words()`` to stderr and ends
+    the process at once (written straight to the descriptor: a live progress panel or a buffer could hold it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    count = 0
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal count
+        count += 1
+        if count > 1:
+            try:
+                words = last_words()
+                stderr = os.dup(2)
+                _quiet_stderr()  # threads of pyspark's print tracebacks once the JVM is gone: not after a stop
+                _end_local_jvm()  # so Spark's own shutdown traces do not come after ours
+                os.write(stderr, ("\n" + words + "\n").encode())
+            finally:
+                os._exit(KILL_EXIT)
+        on_first()
+
+    before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _quiet_stderr() -> None:
+    """Point this process's stderr at /dev/null (the process ends right after)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+    except OSError:
+        return
+
+
+def _end_local_jvm(deadline: float = 3.0) -> None:
+    """SIGKILL the local Spark JVM this process started, if any, and wait for it (at most ``deadline`` seconds).
+    Left alone, it notices its parent is gone only after this process exited, and prints stack traces of its
+    own shutdown after the last words of a stop at once. Under Spark Connect there is no local JVM."""
+    try:
+        from pyspark import SparkContext
+
+        proc = getattr(SparkContext._gateway, "proc", None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        proc.wait(timeout=deadline)
+    except Exception:  # the process ends now whatever happens here
+        return
+
+
+def watch(query: Any, batches: Batches | None, stop: threading.Event, progress: Any) -> BaseException | None:
+    """Show progress until the query ends or a stop is asked for; returns the query's error, if it failed."""
+    from pyspark.errors import StreamingQueryException
+
+    with progress:
+        while True:
+            try:
+                if query.awaitTermination(0.5):
+                    break
+            except StreamingQueryException as e:
+                if stop.is_set():  # the batch in progress failed of the stop (a Ctrl-C reaches Spark's Python
+                    break  # workers too): nothing of it was committed, and the next run repeats it
+                return e
+            progress.update()
+            if stop.is_set():
+                if batches is not None:  # under Spark Connect the batch in progress is the server's
+                    batches.stop()
+                query.stop()
+                break
+        progress.update()
+    return None
+
+
+def report_failure(error: BaseException, batches: Batches | None, config: RunConfig, out: Callable[[str], None]) -> int:
+    cause = batches.error if batches is not None else None
+    if isinstance(cause, (FileSinkError, LogStoreError)):  # its own message says what to do (e.g. fenced: stop)
+        raise cause
+    summary = spark_error_summary(cause if cause is not None else error)
+    detail = "\n  ".join(summary)
+    if any(mark in line for line in summary for mark in CONCURRENT_QUERY):
+        fix = (
+            f"Another streaming query uses the same checkpoint ({config.checkpoint_dir}): two runs of this command "
+            "overlap, as during a rolling update. Let one of them run (the newer one owns the sink; the older is "
+            "fenced at its next step), and start this command again only once the other run has stopped"
+        )
+    else:
+        fix = (
+            f"Fix the cause (for example replace a malformed file in {config.input} with a corrected copy of the "
+            "same name) and run the same command again"
+        )
+    out(
+        f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}: it "
+        "resumes with that batch."
+    )
+    return EXIT_FAILED
+
+
+CONCURRENT_QUERY = ("Multiple streaming queries are concurrently using", "Multiple streaming jobs detected")
+"""What Spark says when two queries run on one checkpoint (Spark 4, and earlier versions)."""
+
+
+WRAPPERS = ("STREAM_FAILED", "FOREACH_BATCH_USER_FUNCTION_ERROR")
+
+
+def spark_error_summary(error: BaseException, limit: int = 4) -> list[str]:
+    """The lines of a Spark error that say what went wrong (error classes such as ``[FAILED_READ_FILE...]`` with
+    the file, and the ``Caused by:`` chain), without stack frames, Python tracebacks or query wrappers."""
+    picked: list[str] = []
+    for raw in str(error).splitlines():
+        line = raw.strip().removeprefix("Caused by: ").removeprefix(": ")
+        m = re.search(r"\[[A-Z][A-Z_.]+\] .*", line)
+        if m:
+            line = m.group(0)
+        elif not re.match(r"[\w.$]+(Exception|Error): ", line):
+            continue
+        line = re.sub(r"^(org\.apache\.spark\.)?SparkException: ", "", line)
+        if any(f"[{w}" in line for w in WRAPPERS) or line in picked:
+            continue
+        picked.append(line)
+    return picked[:limit] or [str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__]
