@@ -23,6 +23,7 @@ from typing import Any
 from logstore import VNODE_COLUMN
 from logstore.storage import is_local
 
+from .destination import TableOptions, table_options
 from .errors import SinkOptionError
 from .rollover import Rollover
 
@@ -72,6 +73,9 @@ class SinkDescription:
     operator promises that at most one driver or recover command runs at a time."""
     accept_duplicates: bool = False
     """With ``accept_state_loss``: batch 0 (a new checkpoint) may write to an output that holds rows already."""
+    table: TableOptions = field(default_factory=TableOptions)
+    """What the output is: a directory (the default), a Delta table or an Iceberg table
+    (:mod:`filesink.destination`)."""
 
     @classmethod
     def checked(
@@ -93,6 +97,9 @@ class SinkDescription:
         remote: bool,
         single_driver: bool = False,
         accept_duplicates: bool = False,
+        table_format: str = "directory",
+        catalog: Mapping[str, Any] | None = None,
+        table: str | None = None,
     ) -> SinkDescription:
         """Check the options (nothing here touches a file system); ``remote``: made on a Spark Connect client,
         where relative local paths are refused (they would mean the server's working directory)."""
@@ -118,6 +125,7 @@ class SinkDescription:
                 "was lost: it lets batch 0 of a new checkpoint write to an output that holds rows already. Give it "
                 "with accept_state_loss=True (--accept-state-loss), or leave it out. Nothing was created."
             )
+        table_opts = table_options(table_format, catalog, table)
         keys = _columns(key_columns, "key_columns")
         partitions = _columns(partition_by, "partition_by") or ()
         state = _absolute(os.fspath(state_dir), "state_dir", remote=remote)
@@ -159,6 +167,7 @@ class SinkDescription:
             checkpoint_location=checkpoint_location,
             single_driver=bool(single_driver),
             accept_duplicates=bool(accept_duplicates),
+            table=table_opts,
         )
 
 

@@ -51,6 +51,7 @@ from .backlog import BacklogTracker
 from .checkpoint import checkpoint_query_id
 from .damage import check_planned, diagnose, given_up_line
 from .description import SinkDescription, connect_client, pickled_for_foreach_batch
+from .destination import open_destination
 from .errors import (
     BatchRefusedError,
     CheckpointMismatchError,
@@ -62,6 +63,7 @@ from .errors import (
     SinkOptionError,
     StateBehindError,
     StateLostError,
+    TableFormatError,
 )
 from .ledger import Ledger, PlannedFile
 from .lock import LOCK_FILE, StateLock
@@ -84,6 +86,7 @@ from .preflight import make_local_dir
 from .rollover import Rollover
 from .s3options import remember
 from .schema import (
+    arrow_schema_of,
     hashable_columns,
     repeated,
     schema_problems,
@@ -156,6 +159,9 @@ class ExactlyOnceParquetSink:
         checkpoint_location: str | None = None,
         single_driver: bool = False,
         accept_duplicates: bool = False,
+        table_format: str = "directory",
+        catalog: Mapping[str, Any] | None = None,
+        table: str | None = None,
     ) -> None:
         """The options are described in ``docs/configuration.md``. ``single_driver``: go on where the log store's
         location has no conditional create (an S3 server that ignores or refuses ``If-None-Match: *``), which
@@ -178,6 +184,9 @@ class ExactlyOnceParquetSink:
             remote=connect_client(),
             accept_duplicates=accept_duplicates,
             single_driver=single_driver,
+            table_format=table_format,
+            catalog=catalog,
+            table=table,
         )
         if connect_client():
             self._describe()  # opens on the Spark Connect server, at its first batch there
@@ -261,6 +270,10 @@ class ExactlyOnceParquetSink:
             if new_state is not None:
                 new_state.log_opened()
             self._ledger = Ledger(self._store)
+            self._destination = open_destination(
+                d.table, output=self._output, sink_id=self._store.sink_id, partition_by=self.partition_by
+            )
+            self._destination.check(self._files_schema())  # a table this sink cannot commit to: refused first
 
             def claim(defer: bool = True) -> None:
                 where = f"state directory {state}"
@@ -277,7 +290,14 @@ class ExactlyOnceParquetSink:
                     new_state.kept = True  # the output's claim names this sink now
 
             self._claim = claim
-            self._ledger.check_config(self.path, self.key_columns, self.partition_by, before_record=claim)
+            self._ledger.check_config(
+                self.path,
+                self.key_columns,
+                self.partition_by,
+                table_format=d.table.format.value,
+                table=d.table.table,
+                before_record=claim,
+            )
             claim()
             if new_state is not None:
                 new_state.kept = True  # recovery writes the sink's first term, in the log store and the output
@@ -735,8 +755,21 @@ class ExactlyOnceParquetSink:
             spark = SparkSession.getActiveSession()
         return spark is not None and str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
 
+    def _files_schema(self) -> pa.Schema | None:
+        """The Arrow schema the sink's files are written with (partition columns included), once recorded."""
+        recorded = self._ledger.arrow_schema() if self._ledger.config() is not None else None
+        return pa.ipc.read_schema(pa.py_buffer(recorded)) if recorded is not None else None
+
     def _check_schema(self, schema: Any) -> None:
         self._check_columns(schema)
+        arrow = arrow_schema_of(schema) if self._destination.options.is_table else None
+        if arrow is not None:
+            problem = self._destination.check_schema(arrow)
+            if problem:
+                raise TableFormatError(
+                    f"the batch's {problem}. Nothing of this batch was written. Cast or drop the column before the "
+                    f"sink, or write to table_format='directory'."
+                )
         current = spark_schema_json(schema)
         recorded = self._ledger.spark_schema()
         if recorded is None or (recorded != current and self._store.last_sealed_epoch == NOTHING):
@@ -898,6 +931,8 @@ class ExactlyOnceParquetSink:
                 self._store.check_term(f"write {len(files)} files")  # released by a newer owner: not damage
                 raise damage from e
             failpoint("filesink.write.after")
+            if self._destination.options.is_table:
+                self._make_visible(files, written)
         sizes = {name: sum(o.size for o in objects) for name, objects in written.items()}
         if files:
             failpoint("filesink.commit.before")
@@ -909,11 +944,22 @@ class ExactlyOnceParquetSink:
             self.stats.objects += sum(len(written[f.name]) for f in files)
             forget_committed(self._store.storage, self._term, written)
             self._remove_failed_attempts(written)
+            self._destination.maintain()
         self._epochs_since_sweep += 1
         sweep = self._epochs_since_sweep >= GC_SWEEP_EVERY
         if sweep:
             self._epochs_since_sweep = 0
         self._store.collect_garbage(sweep=sweep)
+
+    def _make_visible(self, files: list[PlannedFile], written: dict[str, list[WrittenObject]]) -> None:
+        """A table's commit of the roll's files (the directory's objects are visible once written): after a term
+        check, so that a run a newer one fenced does not commit; the table refuses a commit that races another."""
+        schema = self._files_schema()
+        assert schema is not None, "files are planned only once a seal recorded the schema"
+        self._store.check_term(f"commit {len(files)} files to the {self._destination.name}")
+        failpoint("filesink.table.before")
+        self._destination.make_visible(files, written, schema)
+        failpoint("filesink.table.after")
 
     def _remove_failed_attempts(self, written: dict[str, list[WrittenObject]]) -> None:
         """Remove temp files and uploads of task attempts that died or stalled while writing these files (now
@@ -939,6 +985,7 @@ class ExactlyOnceParquetSink:
             single_driver=self._description.single_driver,
             accept_duplicates=self._description.accept_duplicates,
             probed=True,  # by _open, before anything was written
+            destination=self._destination if self._destination.options.is_table else None,
         )
         assert done.term is not None
         self._term = done.term

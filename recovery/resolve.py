@@ -280,15 +280,16 @@ def apply_recovery(
         store.check_term("start or recover the sink")  # segments a newer owner released are not damage
         raise damaged_error(store, done.damaged, "start or recover the sink")
     done.given_up = store.give_up(done.damaged)
+    whole = [r for r in resolutions if r.action is Action.COMMIT and r.held is False]
+    if whole and destination is not None:  # one table commit for them all, as their roll would have made
+        found = {r.file.name: [WrittenObject(key, size, 0) for key, size in r.visible] for r in whole}
+        _make_visible(store, ledger, destination, [r.file for r in whole], found)
     for i, (f, r) in enumerate(zip(pending, resolutions, strict=True), 1):
         if r.action is Action.DROP:
             ledger.drop(f, term)
         elif r.action is Action.RELEASED:
             ledger.commit([f], {}, [], term)
         elif r.action is Action.COMMIT:
-            if r.held is False and destination is not None:
-                objects = [WrittenObject(key, size, 0) for key, size in r.visible]
-                _make_visible(store, ledger, destination, f, objects)
             ledger.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
         else:
             task = file_task(f, term)
@@ -296,7 +297,7 @@ def apply_recovery(
                 task = dataclasses.replace(task, legacy_names=True)  # written by an earlier version: same keys
             objects = write_file(output, task)
             if destination is not None and r.held is False:
-                _make_visible(store, ledger, destination, f, objects)
+                _make_visible(store, ledger, destination, [f], {f.name: objects})
             ledger.commit([f], {f.name: sum(o.size for o in objects)}, [], term)
         failpoint("recovery.resolve.after", f.name)
         done.files.append(r)
@@ -315,11 +316,17 @@ def apply_recovery(
 
 
 def _make_visible(
-    store: LogStore, ledger: Ledger, destination: Destination, f: PlannedFile, objects: list[WrittenObject]
+    store: LogStore,
+    ledger: Ledger,
+    destination: Destination,
+    files: list[PlannedFile],
+    objects: dict[str, list[WrittenObject]],
 ) -> None:
-    """Add a pending file the table does not hold to it (the term is checked first: a newer run decides)."""
+    """Add pending files the table does not hold to it, in one commit (the term is checked first: a newer run
+    decides)."""
     schema = ledger.arrow_schema()
     assert schema is not None, "a pending file was planned after a seal with rows"
-    store.check_term(f"commit file {f.name} to the {destination.name}")
-    failpoint("recovery.table.before", f.name)
-    destination.make_visible([f], {f.name: objects}, pa.ipc.read_schema(pa.py_buffer(schema)))
+    names = ", ".join(f.name for f in files)
+    store.check_term(f"commit {names} to the {destination.name}")
+    failpoint("recovery.table.before", names)
+    destination.make_visible(files, objects, pa.ipc.read_schema(pa.py_buffer(schema)))

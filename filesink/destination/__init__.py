@@ -19,6 +19,7 @@ holds it. Nothing outside a destination's module imports its format's library (a
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,6 +62,12 @@ def table_options(
         raise TableFormatError(
             "table_format='iceberg' needs table='<namespace>.<name>' (e.g. table='db.events'), the table's "
             "identifier in the catalog"
+        )
+    library = {TableFormat.DELTA: ("deltalake", "delta"), TableFormat.ICEBERG: ("pyiceberg", "iceberg")}.get(kind)
+    if library is not None and importlib.util.find_spec(library[0]) is None:
+        raise TableFormatError(
+            f"table_format={kind.value!r} needs the {library[0]} package, which is not installed here: "
+            f"pip install 'exactly-once-parquet-sink[{library[1]}]'. Nothing was created."
         )
     return TableOptions(kind, tuple(sorted((str(k), str(v)) for k, v in (catalog or {}).items())), table)
 

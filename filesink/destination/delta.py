@@ -148,6 +148,8 @@ class DeltaDestination(Destination):
         self.uri = table_uri(self.output.url)
         self.storage = storage_options(self.output.storage_options)
         self._table: DeltaTable | None = None
+        self._checked = False
+        """Whether the table's columns were compared with the files' schema."""
 
     @property
     def name(self) -> str:
@@ -227,6 +229,7 @@ class DeltaDestination(Destination):
             )
         if schema is None:
             return
+        self._checked = True
         want = delta_arrow_schema(schema)
         have = pa.schema(table.schema().to_arrow())
         have_types = {f.name: f.type for f in have}
@@ -294,7 +297,12 @@ class DeltaDestination(Destination):
     def make_visible(
         self, files: Sequence[PlannedFile], written: Mapping[str, Sequence[WrittenObject]], schema: pa.Schema
     ) -> None:
-        table = self._read("read the table before a commit") or self._create(schema)
+        table = self._read("read the table before a commit")
+        if table is None:
+            table = self._create(schema)
+        elif not self._checked:
+            self.check(schema)  # a table made by someone else since the start: its columns must be the sink's
+        self._checked = True
         vnodes = sorted({v for f in files for v in f.starts})
         held = held_files(files, self.reach(table, vnodes), self.name)
         pending = [f for f in files if f.name not in held]

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import matrix_job
@@ -23,6 +24,7 @@ import pytest
 from checker import check
 from helpers import communicate, support_env, wait_until
 from matrix_job import PARTITION_BY, expected_rows
+from sink_helpers import COLUMNS
 
 from logstore.failpoints import DIR_VAR, ENV_VAR, fired
 
@@ -43,10 +45,22 @@ def registered_failpoints() -> list[str]:
 
 REGISTERED = registered_failpoints()
 S3_ONLY = [n for n in REGISTERED if n.startswith("filesink.upload.")]
-RECOVERY = [n for n in REGISTERED if n.startswith("recovery.")]
+TABLE_ONLY = [n for n in REGISTERED if ".table." in n]
+"""Only reached when the output is a table (a table's commit): run on a Delta table."""
+RECOVERY = [n for n in REGISTERED if n.startswith("recovery.") and n not in TABLE_ONLY]
 GIVE_UP = [n for n in REGISTERED if n.startswith("logstore.give_up.")]
 """Only reached when the operator gives up a damaged segment: tests/recovery/test_drop_damaged.py fires them."""
-NORMAL = [n for n in REGISTERED if n not in S3_ONLY and n not in RECOVERY and n not in GIVE_UP]
+NORMAL = [n for n in REGISTERED if n not in S3_ONLY and n not in RECOVERY and n not in GIVE_UP and n not in TABLE_ONLY]
+ON_A_TABLE = [
+    "filesink.precommit.after",
+    "filesink.write.after",
+    "filesink.commit.before",
+    "filesink.commit.after",
+    "recovery.term.after",
+    "recovery.fence.after",
+    "recovery.resolve.after",
+]
+"""The steps around a table's commit, also run on a Delta table (killed there)."""
 
 
 class Job:
@@ -57,7 +71,8 @@ class Job:
         self.state = root / "state"
         self.shared = root / "failpoints"
         self.shared.mkdir(parents=True)
-        if where == "local":
+        self.table = "delta" if where == "delta" else None
+        if where in ("local", "delta"):
             self.output, self.options = str(root / "out"), None
         else:
             self.output = request.getfixturevalue("s3_prefix") + "/table"
@@ -70,6 +85,7 @@ class Job:
         self.runs += 1
         env = support_env(**{ENV_VAR: failpoints, DIR_VAR: str(self.shared)})
         env["MATRIX_JOB_S3"] = json.dumps(self.options)
+        env["MATRIX_JOB_TABLE"] = self.table or ""
         args = [sys.executable, str(JOB), str(self.state), self.output, str(self.epochs), str(parallelism)]
         before = len(fired(str(self.shared)))
         proc = subprocess.Popen(
@@ -97,13 +113,28 @@ class Job:
         """The last restart runs to the end (in this process: no failpoint is configured here)."""
         assert not os.environ.get(ENV_VAR)
         self.runs += 1
-        matrix_job.run(self.state, self.output, self.epochs, parallelism, self.options)
+        os.environ["MATRIX_JOB_TABLE"] = self.table or ""
+        try:
+            matrix_job.run(self.state, self.output, self.epochs, parallelism, self.options)
+        finally:
+            del os.environ["MATRIX_JOB_TABLE"]
+        if self.table == "delta":
+            assert delta_rows(self.output) == expected_rows(self.epochs), f"the Delta table after {self.runs} runs"
+            return
         report = check(self.output, self.options, expected_rows(self.epochs), PARTITION_BY)
         assert report.anomalies == 0, report.line(runs=self.runs)
 
     def pending(self) -> int:
         with sqlite3.connect(self.state / "state.sqlite") as db:
             return int(db.execute("SELECT COUNT(*) FROM sink_files").fetchone()[0])
+
+
+def delta_rows(path: str) -> Counter:
+    """The rows of the Delta table at ``path``, as a multiset (every input column, partition column included)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path).to_pyarrow_table(columns=list(COLUMNS))
+    return Counter(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True))
 
 
 def _nth(point: str) -> int:
@@ -114,4 +145,6 @@ SINGLE = (
     [(p, a, "local") for p in NORMAL for a in ACTIONS]
     + [(p, a, "s3") for p in S3_ONLY for a in ACTIONS]
     + [(p, a, "local") for p in RECOVERY for a in ACTIONS]
+    + [(p, a, "delta") for p in TABLE_ONLY for a in ACTIONS]
+    + [(p, "kill", "delta") for p in ON_A_TABLE]
 )

@@ -1,0 +1,189 @@
+"""The Delta destination, through the sink without Spark: a roll's files committed once into a Delta table, with
+per-vnode application transactions; recovery decides from the table alone; readers agree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from sink_helpers import COLUMNS, append_epoch, batch_rows
+
+from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.errors import TableFormatError
+
+deltalake = pytest.importorskip("deltalake")
+
+HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
+EVERY_2 = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=2)
+
+
+def _open(tmp_path: Path, out: str | None = None, **kwargs) -> ExactlyOnceParquetSink:
+    options = {"vnodes": 8, "parallelism": 2, "rollover": HOLD, "table_format": "delta", **kwargs}
+    return ExactlyOnceParquetSink(out or str(tmp_path / "table"), str(tmp_path / "state"), **options)
+
+
+def table_rows(path: str, options: dict | None = None) -> Counter:
+    from filesink.destination.delta import storage_options
+
+    table = deltalake.DeltaTable(path, storage_options=storage_options(options or {}) or None)
+    data = table.to_pyarrow_table(columns=COLUMNS)
+    return Counter(zip(*(data[c].to_pylist() for c in COLUMNS), strict=True))
+
+
+def _epochs(sink: ExactlyOnceParquetSink, epochs: range) -> Counter:
+    expected: Counter = Counter()
+    for epoch in epochs:
+        rows = batch_rows(epoch, 40)
+        append_epoch(sink, epoch, rows)
+        expected.update(rows)
+    return expected
+
+
+def test_a_roll_is_one_commit_holding_its_files_and_the_marks(tmp_path):
+    sink = _open(tmp_path, rollover=EVERY_2, partition_by=["event_date"])
+    expected = Counter()
+    for epoch in range(4):
+        expected += _epochs(sink, range(epoch, epoch + 1))
+        sink._roll(force=False)
+    sink.close()
+    table = deltalake.DeltaTable(str(tmp_path / "table"))
+    assert table_rows(str(tmp_path / "table")) == expected
+    # version 0 creates the table; then one commit per roll that wrote files (2 rolls of 2 epochs), not per batch
+    assert table.version() == 2
+    history = [h for h in table.history() if h.get("filesink.sink_id")]
+    assert len(history) == 3  # the creation and the two rolls
+    files = [h["filesink.files"].split(",") for h in history if "filesink.files" in h]
+    assert [len(f) for f in files] == [2, 2]  # two writers, one file each per roll
+    # the files the rollover rules wrote are the files the table holds, not rewritten: same paths, same sizes
+    actions = pa.table(table.get_add_actions(flatten=True))
+    on_disk = {
+        p.relative_to(tmp_path / "table").as_posix(): p.stat().st_size
+        for p in (tmp_path / "table").rglob("*.parquet")
+        if "_delta_log" not in p.parts
+    }
+    assert dict(zip(actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True)) == on_disk
+    # partition values equal the directories, and a filter on them reads the right rows
+    dates = {Path(p).parts[0] for p in on_disk}
+    assert dates == {f"event_date={d}" for _, _, d, _ in expected}
+    import polars as pl
+
+    day = "2024-01-02"
+    got = pl.scan_delta(str(tmp_path / "table")).filter(pl.col("event_date") == day).collect()
+    assert Counter(got.select(COLUMNS).iter_rows()) == Counter(r for r in expected.elements() if r[2] == day)
+    # per vnode, the table's mark is the epoch the vnode's files reach
+    sink_id = history[0]["filesink.sink_id"]
+    assert {table.transaction_version(f"{sink_id}-v{v}") for v in range(8)} == {3}
+
+
+def test_a_commit_that_did_not_land_is_made_once_by_the_next_start(tmp_path, monkeypatch):
+    from filesink.destination import delta
+    from filesink.errors import TableCommitFailedError
+
+    sink = _open(tmp_path, partition_by=["event_date"])
+    expected = _epochs(sink, range(3))
+
+    def refuse(self, *args, **kwargs):
+        raise OSError("the table's store refused the log entry")
+
+    monkeypatch.setattr(deltalake.DeltaTable, "create_write_transaction", refuse)
+    with pytest.raises(TableCommitFailedError, match="did not land"):
+        sink.flush()
+    monkeypatch.undo()
+    sink.close()
+    assert not (tmp_path / "table" / "_delta_log" / f"{1:020d}.json").exists()
+    reopened = _open(tmp_path, partition_by=["event_date"])  # recovery: objects whole, not held: committed once
+    reopened.close()
+    assert table_rows(str(tmp_path / "table")) == expected
+    again = _open(tmp_path, partition_by=["event_date"])
+    again.close()
+    assert deltalake.DeltaTable(str(tmp_path / "table")).version() == 1
+    assert delta.app_id("x", 3) == "x-v3"
+
+
+def test_a_commit_that_landed_is_not_made_again_even_when_its_files_are_gone(tmp_path, monkeypatch):
+    """A user's compaction and vacuum can remove the files after the table held them: the table alone decides."""
+    sink = _open(tmp_path)
+    expected = _epochs(sink, range(3))
+    from filesink import ledger as ledger_module
+
+    def crash(self, *args, **kwargs):
+        raise RuntimeError("the driver died after the table's commit")
+
+    monkeypatch.setattr(ledger_module.Ledger, "commit", crash)
+    with pytest.raises(RuntimeError, match="driver died"):
+        sink.flush()
+    monkeypatch.undo()
+    sink.close()
+    table_dir = tmp_path / "table"
+    assert table_rows(str(table_dir)) == expected
+    for f in table_dir.glob("*.parquet"):  # what a compaction plus vacuum would leave: the table, no file of ours
+        shutil.copy(f, tmp_path / f.name)
+    reopened = _open(tmp_path)
+    assert reopened.recovered.files and all(r.held for r in reopened.recovered.files)
+    reopened.close()
+    assert deltalake.DeltaTable(str(table_dir)).version() == 1, "committed once"
+    assert table_rows(str(table_dir)) == expected
+
+
+def test_an_existing_table_with_other_columns_or_partitions_is_refused(tmp_path):
+    other = tmp_path / "table"
+    deltalake.write_deltalake(str(other), pa.table({"x": [1]}))
+    sink = _open(tmp_path)
+    with pytest.raises(TableFormatError, match="other columns"):
+        _epochs(sink, range(1))
+        sink.flush()
+    sink.close()
+    assert deltalake.DeltaTable(str(other)).version() == 0, "nothing committed to it"
+    unpartitioned = tmp_path / "unpartitioned"
+    deltalake.write_deltalake(str(unpartitioned), pa.table({"x": [1]}))
+    with pytest.raises(TableFormatError, match="partitioned by"):  # refused at the start, before any state
+        _open(tmp_path / "b", str(unpartitioned), partition_by=["event_date"]).close()
+    assert not (tmp_path / "b" / "state").exists()
+
+
+def test_table_options_are_checked_before_anything_is_written(tmp_path):
+    with pytest.raises(TableFormatError, match="is not one of"):
+        _open(tmp_path, table_format="hudi")
+    with pytest.raises(TableFormatError, match="options of table_format='iceberg'"):
+        _open(tmp_path, table="db.events")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "table").exists()
+
+
+def test_the_table_format_is_kept_for_life(tmp_path):
+    sink = _open(tmp_path)
+    _epochs(sink, range(1))
+    sink.close()
+    with pytest.raises(Exception, match="table_format"):
+        ExactlyOnceParquetSink(str(tmp_path / "table"), str(tmp_path / "state"), vnodes=8, rollover=HOLD).close()
+
+
+def test_a_table_on_s3(tmp_path, s3_prefix, s3_options):
+    out = s3_prefix + "/table"
+    sink = _open(tmp_path, out, storage_options=s3_options, partition_by=["event_date"])
+    expected = _epochs(sink, range(3))
+    sink.flush()
+    sink.close()
+    assert table_rows(out, s3_options) == expected
+    import polars as pl
+
+    from filesink.destination.delta import storage_options
+
+    got = pl.scan_delta(out, storage_options=storage_options(s3_options)).collect()
+    assert Counter(got.select(COLUMNS).iter_rows()) == expected
+
+
+def test_statistics_are_taken_from_the_footers(tmp_path):
+    sink = _open(tmp_path)
+    expected = _epochs(sink, range(2))
+    sink.flush()
+    sink.close()
+    table = deltalake.DeltaTable(str(tmp_path / "table"))
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert sum(a["num_records"] for a in actions) == sum(expected.values())
+    ids = [r[0] for r in expected.elements()]
+    assert min(a["min.id"] for a in actions) == min(ids) and max(a["max.id"] for a in actions) == max(ids)
+    assert json.dumps(actions[0]["null_count.amount"]) == "0"
