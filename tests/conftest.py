@@ -244,3 +244,25 @@ def pytest_terminal_summary(terminalreporter) -> None:
                 totals[key] = totals.get(key, 0) + value
     head = f"campaigns {len(campaigns)}, " + ", ".join(f"{k} {v}" for k, v in totals.items())
     terminalreporter.write_line(f"total: {head}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PostgreSQL: one throwaway server per test session, for SQL catalogs (tests/support/postgres.py). One that cannot
+# start here (no binaries, no unprivileged user to run it as root, ...) skips the tests that use it, with the reason.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_uri() -> Iterator[str]:
+    """The SQLAlchemy URI (``postgresql+psycopg2://...``) of the session's PostgreSQL server."""
+    from postgres import PostgresServer, PostgresUnavailable
+
+    server = PostgresServer()
+    try:
+        uri = server.start()
+    except PostgresUnavailable as e:
+        pytest.skip(f"no PostgreSQL server could be started: {e}")
+    try:
+        yield uri
+    finally:
+        server.stop()

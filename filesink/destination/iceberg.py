@@ -1,0 +1,587 @@
+"""The Apache Iceberg destination: a roll's files are appended to an Iceberg table in one snapshot (pyiceberg).
+
+- **The catalog** is pyiceberg's, from the sink's catalog properties (``type``, ``uri``, ``warehouse``, ...; a
+  ``name`` property names the catalog, default ``filesink``). With none given and a local output, an embedded SQL
+  catalog on SQLite beside the table, ``<output>/_filesink_iceberg_catalog.db`` (readers skip names starting with
+  ``_``); an S3 output needs a catalog that outlives the machine (PostgreSQL, REST, Glue, ...), and an in-memory
+  catalog is refused. For an S3 output the sink's S3 settings (endpoint, region, credentials) are given to
+  pyiceberg's file IO as ``s3.*`` properties, unless the catalog properties set them.
+- **The table** is at the output (its metadata under ``<output>/metadata/``), created at the first commit from the
+  sink's schema with an identity partition spec on the partition columns; timestamps with any zone are
+  ``timestamptz`` (the instants are kept, the zone's name is not). The sink's files hold no field ids, so the
+  table carries a name mapping (``schema.name-mapping.default``) by which readers find the files' columns.
+- **A roll's commit** is one snapshot (an append of a data file per object: its partition values from its
+  directories, its statistics from its footer) whose transaction also sets the table property
+  ``filesink.<sink id>.marks``: this sink's cumulative marks, per vnode the epoch its committed files reach, as
+  compact JSON. Properties outlive snapshot expiry, which is why the marks are there and not only in the
+  snapshot's summary (which names the sink, the files and their epochs, for people). Every commit asserts the
+  snapshot it was built on, so two runs of one sink cannot both commit the same vnode's epochs: the second fails,
+  reads the table again and finds its files held.
+- **Is a file visible?** Every vnode it holds has a mark at or past its end epoch (:func:`.base.held_files`). A
+  file without rows is not committed (the table would only list an empty file).
+- **Retries**: pyiceberg retries a transaction that lost a race by re-applying its updates on the newer table, which
+  would re-apply marks computed from the older one; this module turns that off for its own commits (in memory, the
+  table is not changed) and retries itself: it reads the table again, drops the files now held, and builds the
+  commit anew (:data:`COMMIT_ATTEMPTS`).
+- **History:** each commit adds a snapshot, and a commit's cost grows with the snapshots in the table's metadata;
+  :meth:`IcebergDestination.maintain` expires the oldest beyond :data:`KEEP_SNAPSHOTS` once :data:`EXPIRE_BATCH`
+  more have come (pyiceberg's expiry costs grow faster than the number of ids expired at once). Each commit also
+  adds a manifest, which every later scan reads: the sink's tables are created with manifest merging on (an append
+  merges the manifests into one once there are 100 small ones), and old metadata files are deleted after each
+  commit (:data:`TABLE_PROPERTIES`); a table created elsewhere keeps its own settings. Expiry leaves the files of
+  the expired snapshots (manifest lists, merged manifests) in ``metadata/``: removing them is left to the table's
+  orphan file clean-up.
+
+pyiceberg 0.12 cannot itself read a file whose stored Arrow schema labels a timestamp with a zone other than UTC
+(other readers, polars' among them, read them as ``timestamptz``).
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io.pyarrow import (
+    _ConvertToIcebergWithoutIDs,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    visit_pyarrow,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table import Table, Transaction
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import DecimalType, IcebergType, ListType, MapType, StructType
+from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
+
+from ..errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
+from ..output.location import filesystem
+from .base import Destination, TableFormat, held_files, marks_of
+from .partitions import partition_texts, typed_value
+
+if TYPE_CHECKING:
+    from ..ledger import PlannedFile
+    from ..writer import WrittenObject
+
+log = logging.getLogger(__name__)
+
+CATALOG_NAME = "filesink"
+"""The catalog's name when the catalog properties give none (SQL catalogs keep their tables under it)."""
+EMBEDDED_CATALOG = "_filesink_iceberg_catalog.db"
+"""The embedded catalog's SQLite file, in a local output's root."""
+KEEP_SNAPSHOTS = 100
+"""Snapshots kept by :meth:`IcebergDestination.maintain` (the newest; readers can travel back that many commits)."""
+EXPIRE_BATCH = 20
+"""Snapshots expired by one call of :meth:`IcebergDestination.maintain`, which expires once there are that many
+beyond :data:`KEEP_SNAPSHOTS` (one expiry per this many commits, so the history holds fewer than ``KEEP_SNAPSHOTS +
+EXPIRE_BATCH`` snapshots); a longer history (a table from elsewhere) shrinks a batch per call."""
+COMMIT_ATTEMPTS = 4
+"""Commits of one roll that lose a race (another commit landed first) before the roll's commit fails."""
+TABLE_PROPERTIES = {
+    "commit.manifest-merge.enabled": "true",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
+}
+"""The properties a new table is created with: appends merge small manifests (the Java library's default, not
+pyiceberg's: without it a table has a manifest per commit, and planning a scan reads them all), old metadata files are
+deleted (the newest 100 kept)."""
+NAME_MAPPING = "schema.name-mapping.default"
+_NO_RETRIES = {"commit.retry.num-retries": "0"}
+
+
+def marks_property(sink_id: str) -> str:
+    """The table property holding this sink's marks."""
+    return f"filesink.{sink_id}.marks"
+
+
+def table_location(url: str) -> str:
+    """The table's location for the output ``url``: ``file:///<absolute path>`` or ``s3://bucket/prefix``."""
+    if "://" not in url or url.startswith("file://"):
+        from pathlib import Path
+
+        return "file://" + str(Path(url.removeprefix("file://")).expanduser().absolute()).rstrip("/")
+    return url.replace("s3a://", "s3://", 1).rstrip("/")
+
+
+def file_io_properties(options: Mapping[str, Any]) -> dict[str, str]:
+    """pyiceberg's S3 file IO properties for the sink's s3fs options: endpoint, region, credentials (or none, and
+    pyiceberg's S3 client finds them in the standard AWS variables and files)."""
+    client = dict(options.get("client_kwargs") or {})
+    found = {
+        "s3.endpoint": options.get("endpoint_url") or client.get("endpoint_url"),
+        "s3.region": client.get("region_name") or options.get("region_name"),
+        "s3.access-key-id": options.get("key"),
+        "s3.secret-access-key": options.get("secret"),
+        "s3.session-token": options.get("token"),
+    }
+    out = {k: str(v) for k, v in found.items() if v}
+    if "s3.endpoint" in out and "s3.region" not in out:
+        out["s3.region"] = "us-east-1"
+    return out
+
+
+# -- schemas -------------------------------------------------------------------------------------------------
+
+
+def _utc(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        return pa.timestamp(t.unit, tz="UTC")
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_utc(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_utc(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_utc(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_utc(t.key_type)), t.item_field.with_type(_utc(t.item_type)))
+    return t
+
+
+def iceberg_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    """The files' Arrow schema as the table takes it: every timestamp with a zone in UTC (``timestamptz``), every
+    column optional, no metadata."""
+    return pa.schema([f.with_type(_utc(f.type)).with_nullable(True) for f in schema])
+
+
+def _refused(t: pa.DataType) -> str | None:
+    """Why an Iceberg (format version 2) table cannot hold values of ``t`` as the sink's files store them, or None;
+    pyiceberg's conversion refuses the rest (durations, intervals, nulls, ...)."""
+    if pa.types.is_unsigned_integer(t):
+        return "Iceberg has no unsigned integers"
+    if pa.types.is_float16(t):
+        return "Iceberg has no half-precision floats"
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return "Iceberg (format version 2) keeps timestamps to the microsecond"
+    if pa.types.is_time(t) and t.unit != "us":
+        return "Iceberg's time is in microseconds"
+    if pa.types.is_decimal(t) and (not isinstance(t, pa.Decimal128Type) or t.precision > 38):
+        return "Iceberg's decimals have at most 38 digits"
+    if pa.types.is_dictionary(t):
+        return "a dictionary type has no Iceberg type"
+    if pa.types.is_struct(t):
+        return next((r for r in (_refused(f.type) for f in t) if r), None)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _refused(t.value_type)
+    if pa.types.is_map(t):
+        return _refused(t.key_type) or _refused(t.item_type)
+    return None
+
+
+def iceberg_schema(schema: pa.Schema) -> Schema:
+    """The table's Iceberg schema for the files' Arrow schema, with fresh field ids (pyiceberg's conversion, as its
+    ``create_table`` does it for an Arrow schema: the Arrow fields carry no ids)."""
+    converted = visit_pyarrow(iceberg_arrow_schema(schema), _ConvertToIcebergWithoutIDs(format_version=2))
+    if not isinstance(converted, Schema):
+        raise TypeError(f"pyiceberg converted an Arrow schema to {type(converted).__name__}, not a Schema")
+    return assign_fresh_schema_ids(converted)
+
+
+def _shape(t: IcebergType) -> str:
+    """A type as text without field ids or optionality, to compare an existing table's columns with the sink's."""
+    if isinstance(t, StructType):
+        return "struct<" + ", ".join(f"{f.name}: {_shape(f.field_type)}" for f in t.fields) + ">"
+    if isinstance(t, ListType):
+        return f"list<{_shape(t.element_type)}>"
+    if isinstance(t, MapType):
+        return f"map<{_shape(t.key_type)}, {_shape(t.value_type)}>"
+    return str(t)
+
+
+_PARTITION_TYPES = (
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_integer,
+    pa.types.is_boolean,
+    pa.types.is_floating,
+    pa.types.is_decimal,
+    pa.types.is_date32,
+    pa.types.is_timestamp,
+)
+
+
+def _partition_value(value: object, scale: int | None) -> object:
+    """A partition value as Iceberg's partition records hold it: days for a date, microseconds for a timestamp."""
+    if isinstance(value, datetime):
+        return datetime_to_micros(value)
+    if isinstance(value, date):
+        return date_to_days(value)
+    if isinstance(value, decimal.Decimal) and scale is not None:
+        return value.quantize(decimal.Decimal(1).scaleb(-scale))
+    return value
+
+
+def _without_retries(table: Table) -> Table:
+    """The same table, with pyiceberg's own commit retries off for transactions started on it. The property is set
+    on this in-memory copy only: a commit sends its updates and requirements, never the properties read here."""
+    metadata = table.metadata.model_copy(update={"properties": {**table.metadata.properties, **_NO_RETRIES}})
+    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog, table.config)
+
+
+class IcebergDestination(Destination):
+    format = TableFormat.ICEBERG
+    transaction = (
+        "in the driver, after every file of a roll is written: one Iceberg snapshot appends them all, and sets the "
+        "table property with this sink's marks (per vnode: the epoch its committed files reach)"
+    )
+    keep_snapshots = KEEP_SNAPSHOTS
+    expire_batch = EXPIRE_BATCH
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.options.table:
+            raise TableFormatError("table_format='iceberg' needs table='<namespace>.<name>'")
+        self.identifier: str = self.options.table
+        self.location = table_location(self.output.url)
+        self._catalog: Catalog | None = None
+        self._table: Table | None = None
+
+    @property
+    def name(self) -> str:
+        return f"Iceberg table {self.identifier} at {self.location}"
+
+    # -- the catalog -------------------------------------------------------------------------------------------
+
+    def catalog(self) -> Catalog:
+        """The catalog (opened once). Raises :class:`TableFormatError` for a catalog that cannot be used."""
+        if self._catalog is not None:
+            return self._catalog
+        given = self.options.catalog_properties()
+        name = given.pop("name", CATALOG_NAME)
+        if not given:
+            if not self.output.is_local:
+                raise TableFormatError(
+                    f"the {self.name}: an Iceberg table on object storage needs a catalog (the embedded SQLite "
+                    "catalog lives beside a local table only). Nothing was written. Give catalog={'uri': "
+                    "'postgresql+psycopg2://...'} (a SQL catalog), or a REST or Glue catalog's properties."
+                )
+            root = self.output.local_root()
+            root.mkdir(parents=True, exist_ok=True)
+            props = {"uri": f"sqlite:///{root / EMBEDDED_CATALOG}", "warehouse": self.location}
+            try:
+                self._catalog = SqlCatalog(name, **props)
+            except Exception as e:
+                raise TableFormatError(f"cannot open the embedded catalog {root / EMBEDDED_CATALOG}: {e}") from e
+            return self._catalog
+        kind = (given.get("type") or "").lower()
+        if kind in ("in-memory", "memory") or (given.get("uri") or "").startswith("sqlite:///:memory:"):
+            raise TableFormatError(
+                f"the {self.name}: an in-memory catalog forgets the table when the process ends (and with it the "
+                "sink's marks). Nothing was written. Give a catalog that keeps its tables (SQL, REST, Glue, ...)."
+            )
+        props = {**(file_io_properties(self.output.storage_options) if not self.output.is_local else {}), **given}
+        try:
+            self._catalog = load_catalog(name, **props)
+        except Exception as e:
+            raise TableFormatError(
+                f"cannot open the Iceberg catalog {name!r} ({type(e).__name__}: {e}). Nothing was written. Check "
+                "the catalog properties (type, uri, credentials) and that the catalog is reachable."
+            ) from e
+        return self._catalog
+
+    # -- reading the table -------------------------------------------------------------------------------------
+
+    def _load(self) -> Table | None:
+        """The table as the catalog has it now, or None if there is none yet."""
+        try:
+            self._table = self.catalog().load_table(self.identifier)
+        except NoSuchTableError:
+            self._table = None
+        return self._table
+
+    def _read(self, action: str) -> Table | None:
+        try:
+            return self._load()
+        except (OSError, TableFormatError):
+            raise
+        except Exception as e:  # catalogs raise their own exceptions (SQLAlchemy's, REST errors, ...)
+            self._table = None
+            raise OSError(f"{self.name}: cannot {action}: {type(e).__name__}: {e}") from e
+
+    def reach(self, table: Table) -> dict[int, int]:
+        """Per vnode, the newest mark of this sink the table holds (all vnodes)."""
+        text = table.metadata.properties.get(marks_property(self.sink_id))
+        if not text:
+            return {}
+        try:
+            return {int(v): int(e) for v, e in json.loads(text).items()}
+        except (ValueError, TypeError, AttributeError) as e:
+            raise TableFormatError(
+                f"the {self.name}: its property {marks_property(self.sink_id)} is not this sink's marks ({e}): "
+                "something other than the sink changed it. Nothing was written or deleted."
+            ) from e
+
+    def held(self, files: Sequence[PlannedFile]) -> set[str] | None:
+        table = self._read("read the table's marks")
+        if table is None:
+            return set()
+        return held_files(files, self.reach(table), self.name)
+
+    # -- checks ------------------------------------------------------------------------------------------------
+
+    def check_schema(self, schema: pa.Schema) -> str | None:
+        for field in schema:
+            why = _refused(field.type)
+            if why is None:
+                try:
+                    iceberg_schema(pa.schema([field]))
+                except Exception as e:
+                    why = str(e)
+            if why is not None:
+                return f"column {field.name!r} of type {field.type}: an Iceberg table cannot hold it ({why})"
+        for column in self.partition_by:
+            index = schema.get_field_index(column)
+            type_ = schema.field(column).type if index >= 0 else None
+            if type_ is None or not any(accepts(type_) for accepts in _PARTITION_TYPES):
+                return f"partition column {column!r} of type {type_}: an Iceberg partition value cannot hold it"
+        return None
+
+    def check(self, schema: pa.Schema | None) -> None:
+        table = self._read("open the table")
+        if table is None:
+            return
+        if table.location().rstrip("/") != self.location:
+            raise TableFormatError(
+                f"the Iceberg table {self.identifier} exists at {table.location()}, and this sink writes its files "
+                f"to {self.location}. Nothing was written. Give the sink the table's location as its output, or "
+                "another table name."
+            )
+        columns = self._partition_columns(table)
+        if columns != list(self.partition_by):
+            raise TableFormatError(
+                f"the {self.name} exists, partitioned by {columns}, and this sink partitions by "
+                f"{list(self.partition_by)}. Nothing was written. Give partition_by={columns} (identity partitions "
+                "only), or another table."
+            )
+        if schema is None:
+            return
+        have = {f.name: _shape(f.field_type) for f in table.schema().fields}
+        want = {f.name: _shape(f.field_type) for f in iceberg_schema(schema).fields}
+        different = [
+            f"{c} ({have.get(c, 'missing')} in the table, {t} here)" for c, t in want.items() if have.get(c) != t
+        ]
+        extra = [f"{c} (only in the table)" for c in have if c not in want]
+        if different or extra:
+            raise TableFormatError(
+                f"the {self.name} exists with other columns than this sink's: {'; '.join(different + extra)}. "
+                "Nothing was written. Give the sink another table, or write the columns the table has."
+            )
+
+    def _partition_columns(self, table: Table) -> list[str]:
+        schema = table.schema()
+        columns: list[str] = []
+        for field in table.spec().fields:
+            source = schema.find_column_name(field.source_id) or f"<field {field.source_id}>"
+            columns.append(source if isinstance(field.transform, IdentityTransform) else f"{field.transform}({source})")
+        return columns
+
+    # -- committing --------------------------------------------------------------------------------------------
+
+    def _footer(self, key: str, footer: pq.FileMetaData | None) -> pq.FileMetaData:
+        if footer is not None:
+            return footer
+        if self.output.is_local:
+            return pq.read_metadata(self.output.local_root() / key)
+        fs, root = filesystem(self.output)
+        with fs.open(f"{root}/{key}", "rb") as f:
+            return pq.read_metadata(f)
+
+    def _data_file(self, obj: WrittenObject, tx: Transaction, schema: pa.Schema) -> DataFile:
+        metadata = tx.table_metadata
+        table_schema = metadata.schema()
+        values: list[object] = []
+        for column, text in zip(self.partition_by, partition_texts(obj.key, self.partition_by), strict=True):
+            field = table_schema.find_field(column)
+            scale = field.field_type.scale if isinstance(field.field_type, DecimalType) else None
+            values.append(_partition_value(typed_value(text, schema.field(column).type, column), scale))
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=self._footer(obj.key, obj.footer),
+            stats_columns=compute_statistics_plan(table_schema, metadata.properties),
+            parquet_column_mapping=parquet_path_to_id_mapping(table_schema),
+        )
+        return DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=f"{self.location}/{obj.key}",
+            file_format=FileFormat.PARQUET,
+            partition=Record(*values),
+            file_size_in_bytes=obj.size,
+            sort_order_id=None,
+            spec_id=metadata.default_spec_id,
+            equality_ids=None,
+            key_metadata=None,
+            **stats.to_serialized_dict(),
+        )
+
+    def _begin(self, table: Table | None, schema: pa.Schema) -> Transaction:
+        """A transaction on the table, or one that creates it (with its first snapshot: nothing is visible before)."""
+        if table is not None:
+            return _without_retries(table).transaction()
+        catalog = self.catalog()
+        ice = iceberg_schema(schema)
+        spec = PartitionSpec(
+            *(
+                PartitionField(
+                    source_id=ice.find_field(column).field_id,
+                    field_id=1000 + i,
+                    transform=IdentityTransform(),
+                    name=column,
+                )
+                for i, column in enumerate(self.partition_by)
+            )
+        )
+        namespace = Catalog.namespace_from(self.identifier)
+        if namespace:
+            catalog.create_namespace_if_not_exists(namespace)
+        return catalog.create_table_transaction(
+            self.identifier, schema=ice, location=self.location, partition_spec=spec, properties=dict(TABLE_PROPERTIES)
+        )
+
+    def make_visible(
+        self, files: Sequence[PlannedFile], written: Mapping[str, Sequence[WrittenObject]], schema: pa.Schema
+    ) -> None:
+        error: Exception | None = None
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                table = self._read("read the table before a commit")
+            except OSError as e:
+                raise TableCommitFailedError(
+                    f"{e}. Nothing was committed; the files stay pending and the next start commits them."
+                ) from e
+            reach = self.reach(table) if table is not None else {}
+            held = held_files(files, reach, self.name)
+            pending = [f for f in files if f.starts and f.name not in held]  # a file without rows: nothing to read
+            if not pending:
+                return
+            try:
+                self._commit(table, pending, written, schema, reach)
+                return
+            except (CommitFailedException, TableAlreadyExistsError) as e:
+                # Not committed: another commit landed first. Read the table again and build the commit anew.
+                log.info("%s: commit attempt %d lost a race (%s), reading the table again", self.name, attempt + 1, e)
+                error = e
+            except (TableFormatError, TableCommitFailedError):
+                raise
+            except Exception as e:
+                self._table = None
+                self._after_failure(pending, e)
+                return
+        names = [f.name for f in files]
+        raise TableCommitFailedError(
+            f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} lost {COMMIT_ATTEMPTS} races "
+            f"with other commits ({error}). The files stay pending: the next start, or filesink recover apply, commits "
+            "them once. Does another writer commit to this table that often?"
+        ) from error
+
+    def _commit(
+        self,
+        table: Table | None,
+        pending: Sequence[PlannedFile],
+        written: Mapping[str, Sequence[WrittenObject]],
+        schema: pa.Schema,
+        reach: Mapping[int, int],
+    ) -> None:
+        try:
+            tx = self._begin(table, schema)
+            marks = dict(reach)
+            for f in pending:
+                for v, e in marks_of(f).items():
+                    marks[v] = max(marks.get(v, -1), e)
+            data_files = [self._data_file(obj, tx, schema) for f in pending for obj in written[f.name]]
+        except (CommitFailedException, TableAlreadyExistsError, TableFormatError):
+            raise
+        except Exception as e:
+            raise TableCommitFailedError(
+                f"cannot prepare the commit of {len(pending)} files to the {self.name}: {type(e).__name__}: {e}. "
+                "Nothing was committed; the files stay pending and the next start commits them."
+            ) from e
+        properties = {marks_property(self.sink_id): json.dumps(dict(sorted(marks.items())), separators=(",", ":"))}
+        if NAME_MAPPING not in tx.table_metadata.properties:
+            properties[NAME_MAPPING] = tx.table_metadata.schema().name_mapping.model_dump_json()
+        summary = {
+            "filesink.sink-id": self.sink_id,
+            "filesink.files": ",".join(f.name for f in pending),
+            "filesink.epochs": f"{min(min(f.starts.values(), default=f.end_epoch) for f in pending)}-"
+            f"{max(f.end_epoch for f in pending)}",
+        }
+        tx.set_properties(properties)
+        # merge_append is a fast append unless the table has commit.manifest-merge.enabled (TABLE_PROPERTIES)
+        with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
+            for data_file in data_files:
+                append.append_data_file(data_file)
+        self._table = tx.commit_transaction()
+
+    def _after_failure(self, pending: Sequence[PlannedFile], error: Exception) -> None:
+        """Read the table again: the commit landed after all (done), or it did not (failed), or no one can tell."""
+        names = [f.name for f in pending]
+        try:
+            now = self.held(pending) or set()
+        except Exception as e:
+            raise TableCommitUnknownError(
+                f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} failed ({error}), and the "
+                f"table could not be read again to tell whether it landed ({e}). The files stay pending: the next "
+                "start, or filesink recover apply, decides from the table alone and commits them once."
+            ) from error
+        if now == set(names):
+            return
+        raise TableCommitFailedError(
+            f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} did not land: "
+            f"{type(error).__name__}: {error}. The files stay pending: the next start, or filesink recover apply, "
+            f"commits them once. If another writer commits to this table, make sure it leaves the table property "
+            f"{marks_property(self.sink_id)} alone."
+        ) from error
+
+    # -- history -----------------------------------------------------------------------------------------------
+
+    def maintain(self) -> None:
+        """Expire the oldest snapshots beyond :attr:`keep_snapshots` once there are :attr:`expire_batch` of them (at
+        most that many at once). A failure is logged, not raised: the next call tries again, and a longer history
+        only costs time."""
+        try:
+            table = self._table if self._table is not None else self._load()
+            if table is None:
+                return
+            snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+            protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
+            old = [s.snapshot_id for s in snapshots[: max(0, len(snapshots) - self.keep_snapshots)]]
+            old = [i for i in old if i not in protected][: self.expire_batch]
+            if not old or len(old) < self.expire_batch:
+                return
+            table.maintenance.expire_snapshots().by_ids(old).commit()
+            self._table = table
+        except Exception as e:
+            self._table = None
+            log.warning(
+                "%s: expiring old snapshots failed (%s: %s); the next commit tries again",
+                self.name,
+                type(e).__name__,
+                e,
+            )
+
+    def status(self) -> dict[str, Any]:
+        out = super().status()
+        out["table"] = self.identifier
+        try:
+            table = self._load()
+        except Exception as e:
+            out["error"] = str(e)
+            return out
+        if table is None:
+            out["snapshot"] = None
+            return out
+        current = table.current_snapshot()
+        out["snapshot"] = current.snapshot_id if current is not None else None
+        out["snapshots"] = len(table.metadata.snapshots)
+        out["metadata"] = table.metadata_location
+        out["vnodes_marked"] = len(self.reach(table))
+        return out
