@@ -74,6 +74,7 @@ def file_task(
     term: int,
     row_group_rows: int = 1_000_000,
     compression: str = "zstd",
+    utc_timestamps: bool = False,
 ) -> FileTask:
     """What a writer task needs to write ``f``: its read plan over the log store and the sink's schema."""
     schema = ledger.arrow_schema()
@@ -87,4 +88,5 @@ def file_task(
         row_group_rows=row_group_rows,
         compression=compression,
         term=term,
+        utc_timestamps=utc_timestamps,
     )

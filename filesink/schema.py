@@ -339,3 +339,23 @@ def arrow_schema_of(schema: Any) -> pa.Schema | None:
     except Exception:
         return None
     return converted
+
+
+def utc_labelled(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every timestamp that has a zone labelled UTC, nested ones too: the same instants (a zone is
+    only a label on UTC values), as table formats keep them (Delta and Iceberg have no other zone)."""
+
+    def relabel(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t):
+            return pa.timestamp(t.unit, tz="UTC") if t.tz is not None else t
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(relabel(f.type)) for f in t])
+        if pa.types.is_large_list(t):
+            return pa.large_list(t.value_field.with_type(relabel(t.value_type)))
+        if pa.types.is_list(t):
+            return pa.list_(t.value_field.with_type(relabel(t.value_type)))
+        if pa.types.is_map(t):
+            return pa.map_(relabel(t.key_type), t.item_field.with_type(relabel(t.item_type)))
+        return t
+
+    return pa.schema([f.with_type(relabel(f.type)) for f in schema], metadata=schema.metadata)

@@ -851,6 +851,7 @@ class ExactlyOnceParquetSink:
             term=term,
             row_group_rows=self._row_group_rows,
             compression=self._compression,
+            utc_timestamps=self._destination.options.is_table,
         )
 
     def _write(self, files: list[PlannedFile]) -> dict[str, list[WrittenObject]]:

@@ -45,7 +45,7 @@ from .dictionary import dictionary_columns
 from .errors import FencedError, FileWriteError
 from .output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
 from .partitioning import legacy_partition_dir, partition_dirs
-from .schema import SchemaConformError
+from .schema import SchemaConformError, utc_labelled
 from .schema import conform as conform_to
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,9 @@ class FileTask:
     compression: str = "zstd"
     term: int = 0
     """The writer term of the run that planned the file (:mod:`filesink.output.fencing`); 0 writes unfenced."""
+    utc_timestamps: bool = False
+    """Write every timestamp with a zone labelled UTC (the same instants): a table format's files (Iceberg readers
+    refuse other zones; Delta has none)."""
     legacy_names: bool = False
     """Name partitioned objects as versions before unique object names and Spark's directory text did (every
     object ``<dir>/<name>.parquet``): only recovery sets it, to rewrite a file such a version left pending."""
@@ -226,7 +229,8 @@ def file_schemas(task: FileTask) -> tuple[pa.Schema, list[str], pa.Schema]:
     schema = pa.ipc.read_schema(pa.py_buffer(task.schema_bytes))
     _check_task(task, schema)
     data_columns = [c for c in schema.names if c not in task.partition_by]
-    return schema, data_columns, pa.schema([schema.field(c) for c in data_columns], metadata=schema.metadata)
+    objects = pa.schema([schema.field(c) for c in data_columns], metadata=schema.metadata)
+    return schema, data_columns, utc_labelled(objects) if task.utc_timestamps else objects
 
 
 def _check_task(task: FileTask, schema: pa.Schema) -> None:
@@ -339,7 +343,7 @@ def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:
                         f"file {task.name}: cannot split rows by {list(task.partition_by)}: {e}"
                     ) from e
                 for directory, rows in pieces:
-                    partition(directory).add(rows)
+                    partition(directory).add(rows.cast(file_schema) if task.utc_timestamps else rows)
         if not task.partition_by and not partitions:
             partition("")  # exactly one object, even without rows
         ordered = [partitions[d] for d in sorted(partitions, key=lambda d: partitions[d].key)]

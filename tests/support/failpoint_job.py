@@ -46,7 +46,8 @@ def registered_failpoints() -> list[str]:
 REGISTERED = registered_failpoints()
 S3_ONLY = [n for n in REGISTERED if n.startswith("filesink.upload.")]
 TABLE_ONLY = [n for n in REGISTERED if ".table." in n]
-"""Only reached when the output is a table (a table's commit): run on a Delta table."""
+"""Only reached when the output is a table (a table's commit): run on a Delta and an Iceberg table."""
+TABLES = ("delta", "iceberg")
 RECOVERY = [n for n in REGISTERED if n.startswith("recovery.") and n not in TABLE_ONLY]
 GIVE_UP = [n for n in REGISTERED if n.startswith("logstore.give_up.")]
 """Only reached when the operator gives up a damaged segment: tests/recovery/test_drop_damaged.py fires them."""
@@ -60,7 +61,7 @@ ON_A_TABLE = [
     "recovery.fence.after",
     "recovery.resolve.after",
 ]
-"""The steps around a table's commit, also run on a Delta table (killed there)."""
+"""The steps around a table's commit, also run on each table format (killed there)."""
 
 
 class Job:
@@ -71,8 +72,8 @@ class Job:
         self.state = root / "state"
         self.shared = root / "failpoints"
         self.shared.mkdir(parents=True)
-        self.table = "delta" if where == "delta" else None
-        if where in ("local", "delta"):
+        self.table = where if where in TABLES else None
+        if where == "local" or self.table:
             self.output, self.options = str(root / "out"), None
         else:
             self.output = request.getfixturevalue("s3_prefix") + "/table"
@@ -118,8 +119,8 @@ class Job:
             matrix_job.run(self.state, self.output, self.epochs, parallelism, self.options)
         finally:
             del os.environ["MATRIX_JOB_TABLE"]
-        if self.table == "delta":
-            assert delta_rows(self.output) == expected_rows(self.epochs), f"the Delta table after {self.runs} runs"
+        if self.table:
+            assert table_rows(self.table, self.output) == expected_rows(self.epochs), f"{self.table} after {self.runs}"
             return
         report = check(self.output, self.options, expected_rows(self.epochs), PARTITION_BY)
         assert report.anomalies == 0, report.line(runs=self.runs)
@@ -129,12 +130,20 @@ class Job:
             return int(db.execute("SELECT COUNT(*) FROM sink_files").fetchone()[0])
 
 
-def delta_rows(path: str) -> Counter:
-    """The rows of the Delta table at ``path``, as a multiset (every input column, partition column included)."""
-    from deltalake import DeltaTable
+def table_rows(table_format: str, path: str) -> Counter:
+    """The rows of the job's table at ``path``, as a multiset (every input column, partition column included)."""
+    if table_format == "delta":
+        from deltalake import DeltaTable
 
-    table = DeltaTable(path).to_pyarrow_table(columns=list(COLUMNS))
-    return Counter(zip(*(table[c].to_pylist() for c in COLUMNS), strict=True))
+        data = DeltaTable(path).to_pyarrow_table(columns=list(COLUMNS))
+    else:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        from filesink.destination.iceberg import CATALOG_NAME, EMBEDDED_CATALOG
+
+        catalog = SqlCatalog(CATALOG_NAME, uri=f"sqlite:///{path}/{EMBEDDED_CATALOG}", warehouse=path)
+        data = catalog.load_table("matrix.events").scan(selected_fields=tuple(COLUMNS)).to_arrow()
+    return Counter(zip(*(data[c].to_pylist() for c in COLUMNS), strict=True))
 
 
 def _nth(point: str) -> int:
@@ -145,6 +154,6 @@ SINGLE = (
     [(p, a, "local") for p in NORMAL for a in ACTIONS]
     + [(p, a, "s3") for p in S3_ONLY for a in ACTIONS]
     + [(p, a, "local") for p in RECOVERY for a in ACTIONS]
-    + [(p, a, "delta") for p in TABLE_ONLY for a in ACTIONS]
-    + [(p, "kill", "delta") for p in ON_A_TABLE]
+    + [(p, a, t) for t in TABLES for p in TABLE_ONLY for a in ACTIONS]
+    + [(p, "kill", t) for t in TABLES for p in ON_A_TABLE]
 )

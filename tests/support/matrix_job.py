@@ -6,10 +6,10 @@ Usage: python matrix_job.py STATE OUTPUT EPOCHS PARALLELISM
 
 The rows of epoch ``e`` are ``epoch_rows(e)`` (``MATRIX_JOB_ROWS`` of them, default 60). With ``MATRIX_JOB_S3``
 set (JSON storage options), OUTPUT is an ``s3://`` URL and the log store is ``OUTPUT + "-log"``; with
-``MATRIX_JOB_LOG`` set, the log store is that local directory. With ``MATRIX_JOB_TABLE`` set (``delta``), OUTPUT is
-a table of that format. Prints ``started`` once the sink is open (recovery
-done), ``epoch N`` after each epoch, ``done`` at the end. Started again, it goes on from the last sealed
-epoch, as a Spark query does from its checkpoint.
+``MATRIX_JOB_LOG`` set, the log store is that local directory. With ``MATRIX_JOB_TABLE`` set (``delta``,
+``iceberg``), OUTPUT is a table of that format (Iceberg: ``matrix.events`` in the embedded catalog). Prints
+``started`` once the sink is open (recovery done), ``epoch N`` after each epoch, ``done`` at the end. Started
+again, it goes on from the last sealed epoch, as a Spark query does from its checkpoint.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def open_sink(state: str | Path, output: str, parallelism: int, options: dict | 
         rollover=RULES,
         storage_options=options,
         table_format=os.environ.get("MATRIX_JOB_TABLE") or "directory",
+        table="matrix.events" if os.environ.get("MATRIX_JOB_TABLE") == "iceberg" else None,
     )
 
 
