@@ -1,6 +1,7 @@
 """Our sink next to the Python peer that reaches the same end state: Delta's path (``toArrow()`` and a delta-rs
 append per batch, with the batch id as its application transaction) followed by one delta-rs
-``optimize.compact()`` to our target file size, timed from the query's start to the compacted table.
+``optimize.compact()`` to our target file size, timed from the query's start to the compacted table; and our sink
+writing a directory, a Delta table and an Iceberg table (``table_format=``) side by side.
 
 Not a test (pytest does not collect it). Run from the repository root with the ``bench`` extra installed::
 
@@ -38,7 +39,14 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 JOB = HERE / "bench_sinks_jobs.py"
-VARIANTS = ("ours", "delta+compact")
+VARIANTS = ("ours", "ours-delta", "ours-iceberg", "delta+compact")
+TABLE_FORMATS = {"ours-delta": "delta", "ours-iceberg": "iceberg"}
+LABELS = {
+    "ours": "ours, directory",
+    "ours-delta": "ours, Delta table",
+    "ours-iceberg": "ours, Iceberg table",
+    "delta+compact": "Delta path + compaction",
+}
 DEADLINE_SECONDS = 1800
 
 
@@ -57,6 +65,14 @@ def output_rows(variant: str, out: Path) -> tuple[int, int]:
     if variant == "ours":
         files = [p for p in out.rglob("*.parquet") if not any(part.startswith(("_", ".")) for part in p.parts[-3:])]
         return sum(pq.ParquetFile(p).metadata.num_rows for p in files), len(files)
+    if variant == "ours-iceberg":
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        from filesink.destination.iceberg import CATALOG_NAME, EMBEDDED_CATALOG
+
+        catalog = SqlCatalog(CATALOG_NAME, uri=f"sqlite:///{out}/{EMBEDDED_CATALOG}", warehouse=f"file://{out}")
+        scan = catalog.load_table("bench.events").scan()
+        return scan.to_arrow().num_rows, len(list(scan.plan_files()))
     from deltalake import DeltaTable
 
     table = DeltaTable(str(out))
@@ -71,18 +87,21 @@ def run_once(args: argparse.Namespace, work: Path, input_dir: Path, workload: st
     out = job_dir / "out"
     spec = sinks.job_spec(
         variant,
-        "ours" if variant == "ours" else "delta",
+        "delta" if variant == "delta+compact" else "ours",
         job_dir,
         input_dir,
         args.rows,
         str(out),
         trigger_seconds=None,
         files_per_batch=sinks.FILES_PER_BATCH,
-        rollover=rollover if variant == "ours" else {},
+        rollover=rollover if variant != "delta+compact" else {},
         workload=workload,
     )
-    if variant != "ours":
+    if variant == "delta+compact":
         spec["compact_to"] = rollover["target_file_size"]
+    if variant in TABLE_FORMATS:
+        spec["table_format"] = TABLE_FORMATS[variant]
+        spec["table"] = "bench.events" if variant == "ours-iceberg" else None
     spec_path = job_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ)
@@ -124,33 +143,56 @@ def run_once(args: argparse.Namespace, work: Path, input_dir: Path, workload: st
     return run
 
 
-def report(workload: str, runs: list[Run], rows: int) -> list[str]:
-    by = {v: [r for r in runs if r.variant == v] for v in VARIANTS}
-    med = {v: statistics.median(r.seconds for r in by[v]) for v in VARIANTS}
-    peers = {r.round: r.seconds for r in by["delta+compact"]}
-    ratios = [peers[r.round] / r.seconds for r in sorted(by["ours"], key=lambda r: r.round)]
-    ratio = statistics.median(ratios)
-    verdict = "holds" if ratio >= 1.0 else "does NOT hold"
+def _by_round(runs: list[Run]) -> dict[int, float]:
+    return {r.round: r.seconds for r in runs}
+
+
+def _ratios(numerator: list[Run], denominator: list[Run]) -> list[float]:
+    """Per round, the numerator's seconds over the denominator's (rounds both have)."""
+    top, bottom = _by_round(numerator), _by_round(denominator)
+    return [top[k] / bottom[k] for k in sorted(top) if k in bottom]
+
+
+def report(workload: str, runs: list[Run], rows: int, variants: tuple[str, ...]) -> list[str]:
+    by = {v: [r for r in runs if r.variant == v] for v in variants}
+    med = {v: statistics.median(r.seconds for r in by[v]) for v in variants}
     lines = [
-        f"`{workload}`, {rows:,} rows ({len(by['ours'])} round(s); medians):",
+        f"`{workload}`, {rows:,} rows ({args_rounds(by)} round(s); medians):",
         "",
-        "| | ours | Delta path + compaction | peer / ours |",
-        "|---|---:|---:|---:|",
-        f"| seconds, query start to the end state | {med['ours']:.1f} | {med['delta+compact']:.1f} | {ratio:.2f}x |",
-        f"| of which the query, s | {statistics.median(r.query_seconds for r in by['ours']):.1f} | "
-        f"{statistics.median(r.query_seconds for r in by['delta+compact']):.1f} | |",
-        f"| rows/s | {rows / med['ours']:,.0f} | {rows / med['delta+compact']:,.0f} | |",
-        f"| files at the end | {', '.join(str(r.files) for r in by['ours'])} | "
-        f"{', '.join(str(r.files) for r in by['delta+compact'])} | |",
+        "| | " + " | ".join(LABELS[v] for v in variants) + " |",
+        "|---|" + "---:|" * len(variants),
+        "| seconds, query start to the end state | " + " | ".join(f"{med[v]:.1f}" for v in variants) + " |",
+        "| of which the query, s | "
+        + " | ".join(f"{statistics.median(r.query_seconds for r in by[v]):.1f}" for v in variants)
+        + " |",
+        "| rows/s | " + " | ".join(f"{rows / med[v]:,.0f}" for v in variants) + " |",
+        "| files at the end | " + " | ".join(", ".join(str(r.files) for r in by[v]) for v in variants) + " |",
         "| load average, 1 min, before -> after each run | "
-        + " | ".join(", ".join(f"{r.load[0]:.1f} -> {r.load[1]:.1f}" for r in by[v]) for v in VARIANTS)
-        + " | |",
-        "",
-        f"Peer's seconds over ours by round: {', '.join(f'{x:.2f}' for x in ratios)}; median **{ratio:.2f}** "
-        f"(goal >= 1.0, aim 1.2: {verdict}).",
+        + " | ".join(", ".join(f"{r.load[0]:.1f} -> {r.load[1]:.1f}" for r in by[v]) for v in variants)
+        + " |",
         "",
     ]
-    return lines
+    if "delta+compact" in by:
+        for ours in [v for v in variants if v != "delta+compact"]:
+            ratios = _ratios(by["delta+compact"], by[ours])
+            verdict = "holds" if statistics.median(ratios) >= 1.0 else "does NOT hold"
+            lines.append(
+                f"- Peer's seconds over {LABELS[ours]}'s by round: {', '.join(f'{x:.2f}' for x in ratios)}; median "
+                f"**{statistics.median(ratios):.2f}** (goal >= 1.0, aim 1.2: {verdict})."
+            )
+    if "ours" in by:
+        for table in [v for v in variants if v in TABLE_FORMATS]:
+            ratios = _ratios(by[table], by["ours"])
+            verdict = "holds" if statistics.median(ratios) <= 1.05 else "does NOT hold"
+            lines.append(
+                f"- {LABELS[table]}'s seconds over the directory's by round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+                f"median **{statistics.median(ratios):.2f}** (goal <= 1.05: {verdict})."
+            )
+    return [*lines, ""]
+
+
+def args_rounds(by: dict[str, list[Run]]) -> int:
+    return max(len(r) for r in by.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200,000 rows, 1 round")
     parser.add_argument("--dir", type=Path, default=None, help="where the runs' files go (a temp directory)")
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)"
+    )
     args = parser.parse_args(argv)
+    variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
     if args.quick:
         args.rows, args.rounds = 200_000, 1
     try:
@@ -179,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             data.generate(input_dir, args.rows, data.WORKLOADS[workload])
             runs = []
             for round_ in range(1, args.rounds + 1):
-                order = VARIANTS if (round_ + k) % 2 else VARIANTS[::-1]
+                order = variants if (round_ + k) % 2 else variants[::-1]
                 runs += [run_once(args, work, input_dir, workload, v, round_) for v in order]
-            lines += report(workload, runs, args.rows)
+            lines += report(workload, runs, args.rows, variants)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -75,6 +75,8 @@ class OurSinkBatches:
             parallelism=spec["parallelism"],
             rollover=Rollover(**spec["rollover"]),
             storage_options=spec.get("storage_options") or None,
+            table_format=spec.get("table_format") or "directory",
+            table=spec.get("table"),
         )
         self.ends = ends
 
