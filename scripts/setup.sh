@@ -36,6 +36,14 @@ if [ "${1:-}" = "[test]" ] && ! command -v fusermount3 >/dev/null 2>&1 && [ "$(i
         >/dev/null 2>&1 || echo "    could not install fuse3: the case-insensitive file system test will be skipped"
 fi
 
+if [ "${1:-}" = "[test]" ] && ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    # Debian's PostgreSQL serves the Iceberg catalog tests (started by the tests on loopback); without it, they skip.
+    echo "==> installing PostgreSQL for the Iceberg catalog tests"
+    { timeout 300 apt-get install -y -qq postgresql || { timeout 300 apt-get update -qq && timeout 300 apt-get install -y -qq postgresql; }; } \
+        >/dev/null 2>&1 || echo "    could not install PostgreSQL: the Iceberg tests on a PostgreSQL catalog will be skipped"
+fi
+
 echo "==> installing the project${1:-} into $venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet --editable "$repo${1:-}"
