@@ -12,6 +12,10 @@ and prints ``done``. Killed at any moment, it is simply started again.
 With the SINK_JOB_GATE variable (a path), it starts Spark, prints ``ready`` and waits until that path exists
 before it creates the sink (which takes ownership: recovery, a new writer term): a test starts the next driver
 while the current one still runs, and lets it take over at a moment of its choosing.
+
+With the SINK_JOB_TABLE variable (``delta`` or ``iceberg``), OUTPUT is a table of that format (Iceberg: the table
+``kill.events`` in the embedded catalog), partitioned by the columns SINK_JOB_PARTITION_BY names (comma-separated;
+default none).
 """
 
 from __future__ import annotations
@@ -30,6 +34,22 @@ FAST_START = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+Use
 """A short-lived test job starts much faster without the JVM's optimizing compiler and parallel GC."""
 GATE_TIMEOUT = 900.0
 """Seconds a gated job waits for its gate before it gives up (the test that started it is gone)."""
+ICEBERG_TABLE = "kill.events"
+"""The Iceberg table of a job with SINK_JOB_TABLE=iceberg, in the embedded catalog beside the output."""
+
+
+def table_options() -> dict[str, Any]:
+    """The sink's table options from SINK_JOB_TABLE and SINK_JOB_PARTITION_BY; none without them (a directory)."""
+    options: dict[str, Any] = {}
+    table_format = os.environ.get("SINK_JOB_TABLE")
+    if table_format:
+        options["table_format"] = table_format
+        if table_format == "iceberg":
+            options["table"] = ICEBERG_TABLE
+    partition_by = [c for c in os.environ.get("SINK_JOB_PARTITION_BY", "").split(",") if c]
+    if partition_by:
+        options["partition_by"] = partition_by
+    return options
 
 
 def main() -> None:
@@ -71,6 +91,7 @@ def run(
         parallelism=parallelism,
         rollover=Rollover(target_file_size=None, max_epochs=2, max_age_seconds=None),
         storage_options=json.loads(os.environ.get("SINK_JOB_S3", "{}")),
+        **table_options(),
     )
     print("started", flush=True)
 
