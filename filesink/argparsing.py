@@ -59,3 +59,15 @@ class Parser(argparse.ArgumentParser):
 
     def _subparsers_actions(self) -> list[Any]:
         return [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def catalog_property(text: str) -> tuple[str, str]:
+    """``--catalog KEY=VALUE``: one of pyiceberg's catalog properties (``uri=postgresql+psycopg2://...``,
+    ``type=rest``, ``warehouse=s3://...``, ``name=prod``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        problem = "no '='" if not sep else "no key before '='"  # not the text itself: a value may be a secret
+        raise argparse.ArgumentTypeError(
+            f"a catalog property is KEY=VALUE, e.g. uri=postgresql+psycopg2://user@host/db; this one has {problem}"
+        )
+    return key.strip(), value

@@ -14,14 +14,17 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recovery.cli import add_parser as add_recover
 from recovery.cli import recover
 
 from . import s3options
-from .argparsing import Parser
+from .argparsing import Parser, catalog_property
 from .errors import COMMAND_ERRORS, EXIT_FAILED, report
+
+if TYPE_CHECKING:
+    from .runconfig import RunConfig
 
 _SIZE_UNITS: dict[str, float] = {
     "": 1,
@@ -89,6 +92,27 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
         "--format", default="parquet", choices=["parquet", "json", "csv"], help="input file format (default: parquet)"
     )
     run.add_argument("--output", required=True, metavar="URL", help="output directory or s3://bucket/prefix")
+    run.add_argument(
+        "--table-format",
+        default="directory",
+        choices=["directory", "delta", "iceberg"],
+        help="what the output is: Parquet files in a directory, a Delta table at --output, or an Iceberg table "
+        "(--table) with its data at --output; fixed when the sink is created (default: directory)",
+    )
+    run.add_argument(
+        "--table",
+        metavar="NAMESPACE.NAME",
+        help="with --table-format iceberg: the table's identifier in the catalog, e.g. db.events (required there)",
+    )
+    run.add_argument(
+        "--catalog",
+        action="append",
+        default=[],
+        type=catalog_property,
+        metavar="KEY=VALUE",
+        help="with --table-format iceberg: a pyiceberg catalog property, e.g. uri=postgresql+psycopg2://... "
+        "(repeatable; default: an embedded SQLite catalog in a local --output; an s3:// output needs one)",
+    )
     run.add_argument(
         "--state-dir",
         required=True,
@@ -193,10 +217,30 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
     s3options.add_arguments(run)
 
 
+def table_usage(table_format: str, table: str | None, catalog: bool) -> str | None:
+    """What is wrong with ``--table-format``, ``--table`` and ``--catalog`` together (what the sink's own
+    ``TableFormatError`` says of its options, in the options' names), or None."""
+    if table_format != "iceberg" and (table or catalog):
+        given = [o for o, on in (("--table", table), ("--catalog", catalog)) if on]
+        what = f"{given[0]} is an option" if len(given) == 1 else "--table and --catalog are options"
+        why = (
+            "a Delta table is named by its path alone (--output)"
+            if table_format == "delta"
+            else f"give --table-format iceberg, or leave {'it' if len(given) == 1 else 'them'} out"
+        )
+        return f"{what} of --table-format iceberg, not of {table_format}: {why}"
+    if table_format == "iceberg" and not table:
+        return (
+            "--table-format iceberg needs --table NAMESPACE.NAME (e.g. --table db.events), the table's identifier "
+            "in the catalog"
+        )
+    return None
+
+
 def _add_demo(commands: argparse._SubParsersAction[Any]) -> None:
     text = (
         "generate events, stream them through the sink, kill the job once mid-way and restart it, then verify "
-        "with DuckDB that the output holds every input row exactly once"
+        "with DuckDB that the output (or table) holds every input row exactly once"
     )
     demo = commands.add_parser("demo", help=text, description=text + ". Exit code 0 when the check passes.")
     demo.add_argument(
@@ -214,6 +258,13 @@ def _add_demo(commands: argparse._SubParsersAction[Any]) -> None:
     )
     demo.add_argument(
         "--s3", action="store_true", help="write to a SeaweedFS S3 server started for the demo on 127.0.0.1"
+    )
+    demo.add_argument(
+        "--table-format",
+        default="directory",
+        choices=["directory", "delta", "iceberg"],
+        help="write a Delta table, or an Iceberg table (demo.events, in an embedded catalog), instead of a "
+        "directory, and check the table as its readers see it (default: directory)",
     )
 
 
@@ -254,7 +305,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.group == "demo":
         from .demo import demo
 
-        return demo(args.dir, files=args.files, rows=args.rows, s3=args.s3)
+        if args.s3 and args.table_format == "iceberg":
+            parser.error(
+                "--s3 and --table-format iceberg exclude each other: an Iceberg table on S3 needs a catalog server, "
+                "and the demo's table uses an embedded catalog beside a local output"
+            )
+        return demo(args.dir, files=args.files, rows=args.rows, s3=args.s3, table_format=args.table_format)
     if args.target_file_size is None and args.max_file_age is None:
         parser.error("--target-file-size and --max-file-age cannot both be off: files would never be closed")
     if args.accept_duplicates and not args.accept_state_loss:
@@ -265,12 +321,22 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--master and --remote (or SPARK_REMOTE) exclude each other: give one of them")
     if args.remote and not args.remote.startswith("sc://"):
         parser.error(f"--remote takes a Spark Connect URL such as sc://host:15002, not {args.remote!r}")
+    problem = table_usage(args.table_format, args.table, bool(args.catalog))
+    if problem:
+        parser.error(problem)
     from rich.console import Console
 
     from .run import run
+
+    config = run_config(args)
+    return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The :class:`RunConfig` of parsed ``filesink run`` arguments (checked by :func:`_dispatch` first)."""
     from .runconfig import RunConfig
 
-    config = RunConfig(
+    return RunConfig(
         input=args.input.absolute(),
         format=args.format,
         output=args.output,
@@ -297,8 +363,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         accept_duplicates=args.accept_duplicates,
         single_driver=args.single_driver,
         remote=args.remote,
+        table_format=args.table_format,
+        table=args.table,
+        catalog=dict(args.catalog),
     )
-    return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,12 @@ class RunConfig:
     remote: str | None = None
     """A Spark Connect URL (``--remote``, or ``SPARK_REMOTE``): the job runs through that server, where every
     path is the server's (:mod:`filesink.connect_run`)."""
+    table_format: str = "directory"
+    """``--table-format``: ``directory``, ``delta`` or ``iceberg`` (the sink's ``table_format``)."""
+    table: str | None = None
+    """``--table``: the Iceberg table's identifier, ``<namespace>.<name>``."""
+    catalog: dict[str, str] = field(default_factory=dict)
+    """``--catalog``: pyiceberg's catalog properties (empty: the sink's default, an embedded catalog)."""
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -75,6 +81,9 @@ def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetS
         rollover=Rollover(target_file_size=config.target_file_size, max_age_seconds=config.max_file_age),
         storage_options=options,
         checkpoint_location=str(config.checkpoint_dir),
+        table_format=config.table_format,
+        catalog=config.catalog or None,
+        table=config.table,
     )
 
 

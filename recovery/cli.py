@@ -6,6 +6,10 @@ command; ``python -m recovery STEP`` runs them on their own. This module never i
 state database (``--log-store URL``, the state directory lost), the state is rebuilt from the durable home: in
 memory for ``status`` and ``plan``, into the state directory (if one is given) for ``apply``.
 
+A sink that writes a table (Delta, Iceberg) has its destination opened from its recorded table format and table,
+with the catalog properties given as ``--catalog KEY=VALUE`` (never recorded: they may hold secrets); the table
+alone says which pending files it holds (:func:`open_table`).
+
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
 state directory, 5 damaged log segments block the sink (``apply`` without ``--drop-damaged``).
 """
@@ -24,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from filesink import s3options
-from filesink.argparsing import Parser
+from filesink.argparsing import Parser, catalog_property
+from filesink.destination import Destination, TableFormat, open_destination, table_options
 from filesink.errors import COMMAND_ERRORS, EXIT_OK, LogStoreMovedError, SinkLockedError, report
 from filesink.ledger import Ledger, PlannedFile
 from filesink.lock import StateLock, lock_holder
-from filesink.output import OutputLocation
+from filesink.output import OutputLocation, records
 from filesink.output.claim import CLAIM_NAME, check_claim, move_claim, read_claim
 from filesink.output.probe import check_s3
 from filesink.planner import file_task, writer_ranges
@@ -40,7 +45,9 @@ from logstore.statedb import STATE_DB_NAME, connect, translated
 from logstore.storage import is_local
 
 from .errors import LiveOwnerError, NotASinkError
-from .resolve import RecoveryPlan, Resolution, apply_recovery, plan_recovery
+from .resolve import Action, RecoveryPlan, Resolution, apply_recovery, plan_recovery
+from .resolve import _recorded as recorded_sizes
+from .resolve import _resolution as resolution
 
 
 @dataclass
@@ -128,6 +135,69 @@ def open_sink(
         raise
 
 
+def open_table(sink: OpenSink, catalog: dict[str, str], step: argparse.ArgumentParser) -> Destination:
+    """The sink's destination: its recorded table format and table, and the catalog properties ``catalog`` (from
+    ``--catalog``: the state does not record them, as they may hold secrets). ``step.error`` (exit 2) for
+    ``--catalog`` on a sink that writes no Iceberg table, and for an Iceberg table whose catalog is not the
+    embedded default when no ``--catalog`` is given."""
+    kind = str(sink.config.get("table_format") or TableFormat.DIRECTORY.value)
+    table = sink.config.get("table")
+    if catalog and kind != TableFormat.ICEBERG.value:
+        what = "a Delta table, named by its path alone" if kind == TableFormat.DELTA.value else "a directory"
+        step.error(
+            f"--catalog is for a sink that writes an Iceberg table: sink {sink.store.sink_id} writes {what} (its "
+            f"recorded table format: {kind}). Leave --catalog out"
+        )
+    options = table_options(kind, catalog or None, str(table) if table else None)  # its library is installed
+    if kind == TableFormat.ICEBERG.value and not catalog:
+        missing = _missing_catalog(sink, str(table))
+        if missing is not None:
+            step.error(missing)
+    return open_destination(
+        options, output=sink.output, sink_id=sink.store.sink_id, partition_by=list(sink.config["partition_by"])
+    )
+
+
+def _missing_catalog(sink: OpenSink, table: str) -> str | None:
+    """Why the Iceberg table ``table`` of ``sink`` needs ``--catalog`` (its catalog is not the embedded one), or
+    None (a local output that holds the embedded catalog)."""
+    advice = (
+        "give the catalog properties the sink was given, with --catalog KEY=VALUE (repeatable, e.g. --catalog "
+        "uri=postgresql+psycopg2://user@host/db); the state does not record them, as they may hold secrets"
+    )
+    where = f"sink {sink.store.sink_id} writes the Iceberg table {table} at {sink.output.url}"
+    if not sink.output.is_local:
+        return f"{where}, on object storage, whose catalog is not the embedded one: {advice}"
+    from filesink.destination.iceberg import EMBEDDED_CATALOG
+
+    embedded = sink.output.local_root() / EMBEDDED_CATALOG
+    if not embedded.is_file():
+        return f"{where}, and the output holds no embedded catalog ({embedded}): the sink was given a catalog: {advice}"
+    return None
+
+
+def _catalog_shown(destination: Destination) -> str:
+    """Which catalog an Iceberg destination uses (the keys of the given properties only: values may be secrets)."""
+    from filesink.destination.iceberg import EMBEDDED_CATALOG
+
+    given = destination.options.catalog_properties()
+    if given:
+        return "given with --catalog (" + ", ".join(sorted(given)) + ")"
+    return f"the embedded SQLite catalog {destination.output.local_root() / EMBEDDED_CATALOG}"
+
+
+def destination_status(destination: Destination) -> dict[str, Any]:
+    """What ``status``, ``plan`` and ``apply`` show of the destination (an error reading it is shown, not raised:
+    the rest of the state is worth seeing)."""
+    try:
+        shown = destination.status()
+    except Exception as e:
+        shown = {"format": destination.format.value, "where": destination.name, "error": f"{type(e).__name__}: {e}"}
+    if destination.format is TableFormat.ICEBERG:
+        shown["catalog"] = _catalog_shown(destination)
+    return shown
+
+
 def _ranges(vnodes: list[int]) -> str:
     if not vnodes:
         return "-"
@@ -165,7 +235,13 @@ def _verify_progress(done: int, total: int) -> None:
         print(f"verified {done}/{total} log segments", file=sys.stderr, flush=True)
 
 
-def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: bool = False) -> dict[str, Any]:
+def status(
+    sink: OpenSink,
+    parallelism: int | None,
+    verify: bool = True,
+    quiet: bool = False,
+    destination: Destination | None = None,
+) -> dict[str, Any]:
     store = sink.store
     points = store.truncate_points()
     backlog = store.backlog()
@@ -188,6 +264,10 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
         "backlog": {"epochs": held.epochs, "rows": held.rows, "bytes": held.bytes},
         "pending_files": [_file_json(f) for f in sink.ledger.pending()],
     }
+    if destination is not None:
+        result["destination"] = destination_status(destination)
+        if destination.options.is_table:
+            _table_files(sink, destination, result)
     if verify:
         damaged = store.damaged(progress=None if quiet else _verify_progress)
         result["damaged_segments"] = [_damaged_json(d) for d in damaged]
@@ -205,6 +285,26 @@ def status(sink: OpenSink, parallelism: int | None, verify: bool = True, quiet: 
             for i, r in enumerate(writer_ranges(store.vnodes, parallelism))
         ]
     return result
+
+
+def _table_files(sink: OpenSink, destination: Destination, result: dict[str, Any]) -> None:
+    """Add to each pending file of ``result`` whether the table holds it (``in_table``) and what recovery will do
+    with it (``action``), as ``plan`` decides it; both None when the table cannot be read (``table_error``)."""
+    pending = sink.ledger.pending()
+    try:
+        held = destination.held(pending) if pending else set()
+    except COMMAND_ERRORS as e:  # the table unreachable, or disagreeing with the state: shown, not raised
+        result["table_error"] = str(e)
+        held = None
+    recorded = recorded_sizes(list(records(sink.store.storage))) if pending and held is not None else {}
+    points = sink.store.truncate_points()
+    partitioned = bool(sink.config["partition_by"])
+    for f, shown in zip(pending, result["pending_files"], strict=True):
+        if held is None:
+            shown["in_table"] = shown["action"] = None
+            continue
+        shown["in_table"] = f.name in held
+        shown["action"] = resolution(sink.output, partitioned, f, recorded, points, held).action.value
 
 
 def _damaged_json(d: DamagedSegment) -> dict[str, Any]:
@@ -235,6 +335,7 @@ def _plan_json(plan: RecoveryPlan) -> dict[str, Any]:
                 **_file_json(r.file),
                 "visible_objects": [k for k, _ in r.visible],
                 "size_mismatch": r.mismatched,
+                "in_table": r.held,
                 "action": r.action.value,
             }
             for r in plan.files
@@ -264,6 +365,8 @@ def _print_status(s: dict[str, Any]) -> None:
     else:
         print(f"  held by: {s['held_by'] or 'nobody (no live query)'}")
     print(f"  writer term: {s['writer_term']}")
+    if "destination" in s:
+        _print_destination(s["destination"])
     by_epoch: dict[int, list[int]] = {}
     for v, e in s["truncate_points"].items():
         by_epoch.setdefault(e, []).append(int(v))
@@ -298,13 +401,58 @@ def _print_status(s: dict[str, Any]) -> None:
     _print_given_up(s["given_up"], "given up so far")
     files = s["pending_files"]
     print(f"\npending files: {len(files)}")
-    if files:
+    table = "destination" in s and s["destination"]["format"] != TableFormat.DIRECTORY.value
+    if files and table:
+        print(
+            _table(
+                ["file", "vnodes", "end epoch", "rows", "in the table", "recovery will"],
+                [
+                    (
+                        f["name"],
+                        f"{f['vnodes'][0]}-{f['vnodes'][1]}",
+                        f["end_epoch"],
+                        f["rows"],
+                        _yes_no(f["in_table"]),
+                        _table_action(f["action"], f["in_table"]),
+                    )
+                    for f in files
+                ],
+            )
+        )
+    elif files:
         print(
             _table(
                 ["file", "vnodes", "end epoch", "rows"],
                 [(f["name"], f"{f['vnodes'][0]}-{f['vnodes'][1]}", f["end_epoch"], f["rows"]) for f in files],
             )
         )
+    if "table_error" in s:
+        print(f"in the table: unknown, the table could not be read: {s['table_error']}")
+
+
+def _print_destination(d: dict[str, Any]) -> None:
+    print(f"\ndestination: {d['where']} ({d['format']})")
+    for key, value in d.items():
+        if key not in ("format", "where"):
+            shown = "none yet (the first commit creates the table)" if value is None else value
+            print(f"  {key.replace('_', ' ')}: {shown}")
+
+
+def _yes_no(held: bool | None) -> str:
+    return "unknown" if held is None else "yes" if held else "no"
+
+
+def _table_action(action: str | None, held: bool | None) -> str:
+    """What recovery does with a pending file of a table, in words (the action first, as ``plan --json`` has it)."""
+    if action is None:
+        return "unknown (the table could not be read)"
+    if action == Action.COMMIT.value:
+        return "commit (the table holds it)" if held else "commit (added to the table first, once)"
+    if action == Action.REWRITE.value:
+        return "rewrite (then added to the table, once)"
+    if action == Action.DROP.value:
+        return "drop (its rows are written again)"
+    return action
 
 
 def _shown(key: str, value: Any) -> str:
@@ -358,8 +506,36 @@ def _print_given_up(given: list[dict[str, Any]], what: str) -> None:
 def _print_plan(p: dict[str, Any], done: bool) -> None:
     files = p["files"]
     verb = "resolved" if done else "to resolve"
+    table = "destination" in p and p["destination"]["format"] != TableFormat.DIRECTORY.value
     print(f"pending files {verb}: {len(files)}")
-    if files:
+    if files and table:
+        print(
+            _table(
+                ["file", "vnodes", "end epoch", "visible", "in the table", "action"],
+                [
+                    (
+                        f["name"],
+                        f"{f['vnodes'][0]}-{f['vnodes'][1]}",
+                        f["end_epoch"],
+                        "yes" if f["visible_objects"] else "no",
+                        _yes_no(f["in_table"]),
+                        _table_action(f["action"], f["in_table"]),
+                    )
+                    for f in files
+                ],
+            )
+        )
+        adding = [f for f in files if f["in_table"] is False and f["action"] in (Action.COMMIT, Action.REWRITE)]
+        if adding:
+            where = p["destination"]["where"]
+            if done:
+                print(f"added {plural(len(adding), 'file')} to the {where}")
+            else:
+                print(
+                    f"the {where} does not hold {len(adding)} of them: apply adds them to it (the table's marks "
+                    "record them: never twice)"
+                )
+    elif files:
         print(
             _table(
                 ["file", "vnodes", "end epoch", "visible", "action"],
@@ -393,6 +569,8 @@ def _print_plan(p: dict[str, Any], done: bool) -> None:
         _print_damaged(p["damaged_segments"], done)
     if p["nothing_to_do"]:
         print("nothing to do")
+    if "destination" in p:
+        _print_destination(p["destination"])
 
 
 def _rebuilt_line(sink: OpenSink) -> str:
@@ -448,8 +626,10 @@ def run_recover(args: argparse.Namespace) -> int:
     if sink.store.rebuilt and not args.json:
         print(_rebuilt_line(sink), file=sys.stderr, flush=True)
     try:
+        destination = open_table(sink, dict(args.catalog), args.step_parser)
+        table = destination if destination.options.is_table else None
         if args.command == "status":
-            result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json)
+            result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json, destination=destination)
             print(json.dumps(result, indent=2)) if args.json else _print_status(result)
             return EXIT_OK
         partitioned = bool(sink.config["partition_by"])
@@ -462,8 +642,9 @@ def run_recover(args: argparse.Namespace) -> int:
                 partitioned=partitioned,
                 verify=verify,
                 progress=None if args.json else _verify_progress,
+                destination=table,
             )
-            out = _plan_json(planned)
+            out = _plan_json(planned) | {"destination": destination_status(destination)}
             print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=False)
             return EXIT_OK
         # A copy of the log store (the output names this sink at another location) must not write to the output.
@@ -482,11 +663,12 @@ def run_recover(args: argparse.Namespace) -> int:
                 drop_damaged=args.drop_damaged,
                 single_driver=args.single_driver,
                 verify_progress=None if args.json else _verify_progress,
+                destination=table,
             )
         finally:
             if lock is not None:
                 lock.release()
-        out = _plan_json(done)
+        out = _plan_json(done) | {"destination": destination_status(destination)}
         print(json.dumps(out, indent=2)) if args.json else _print_plan(out, done=True)
         if state_dir is not None and s3options.settings_of(options):  # as a run does: later steps need no flags
             s3options.remember(state_dir, options)
@@ -767,6 +949,15 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
             "sink's state is rebuilt from it (in memory for status and plan)",
         )
         step.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+        step.add_argument(
+            "--catalog",
+            action="append",
+            default=[],
+            type=catalog_property,
+            metavar="KEY=VALUE",
+            help="a property of the catalog of the sink's Iceberg table, as the sink was given it (repeatable; "
+            "not recorded, as it may be a secret); needed unless the catalog is the embedded default",
+        )
         s3options.add_arguments(step)
         add_damage_options(step, name)
         if name == "status":

