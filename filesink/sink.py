@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from logstore import NOTHING, STATE_DB_NAME, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
-from logstore.conditional import require_conditional_create
+from logstore.conditional import probe_conditional_create, require_conditional_create
 from logstore.failpoints import failpoint
 from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
@@ -51,7 +51,7 @@ from .backlog import BacklogTracker
 from .checkpoint import checkpoint_query_id
 from .damage import check_planned, diagnose, given_up_line
 from .description import SinkDescription, connect_client, pickled_for_foreach_batch
-from .destination import open_destination
+from .destination import TableFormat, open_destination
 from .errors import (
     BatchRefusedError,
     CheckpointMismatchError,
@@ -274,6 +274,8 @@ class ExactlyOnceParquetSink:
                 d.table, output=self._output, sink_id=self._store.sink_id, partition_by=self.partition_by
             )
             self._destination.check(self._files_schema())  # a table this sink cannot commit to: refused first
+            if d.table.format is TableFormat.DELTA and not self._output.is_local:
+                _probe_delta_store(self._output, d.single_driver)
 
             def claim(defer: bool = True) -> None:
                 where = f"state directory {state}"
@@ -1039,6 +1041,32 @@ _APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The Spark local property that holds the running streaming query's id (kept in its checkpoint) in foreachBatch."""
+
+
+def _probe_delta_store(output: OutputLocation, single_driver: bool) -> None:
+    """delta-rs writes each log entry of a Delta table on S3 with a conditional PUT (``If-None-Match: *``): a server
+    that ignores it lets two drivers both write the same version, and one acknowledged commit is lost. Probed like
+    the log store's location (:mod:`logstore.conditional`), under ``<table>/_filesink_probe/``."""
+    storage = LogLocation(f"{output.url}/_filesink_probe", dict(output.storage_options)).open()
+    probe = probe_conditional_create(storage)
+    if probe.honoured:
+        return
+    if single_driver:
+        log.warning(
+            "the Delta table %s is on a server that does not support conditional create (%s): going on in "
+            "single-driver operation (single_driver=True), never run two drivers of this sink at a time",
+            output.url,
+            probe.saw(),
+        )
+        return
+    raise TableFormatError(
+        f"the Delta table {output.url} is on a server that does not support conditional create, PUT with "
+        f"If-None-Match: * ({probe.saw()}). delta-rs writes each log entry of the table that way: without it two "
+        "drivers of this sink (a restart that overlaps the old driver) could both write the same table version, and "
+        "a commit the sink recorded as done would be lost. Nothing was written. Use a server that honours it (AWS S3, "
+        "MinIO, SeaweedFS), or promise single-driver operation with single_driver=True (filesink run "
+        "--single-driver)."
+    )
 
 
 def _described(description: SinkDescription) -> ExactlyOnceParquetSink:
