@@ -45,9 +45,7 @@ from logstore.statedb import STATE_DB_NAME, connect, translated
 from logstore.storage import is_local
 
 from .errors import LiveOwnerError, NotASinkError
-from .resolve import Action, RecoveryPlan, Resolution, apply_recovery, plan_recovery
-from .resolve import _recorded as recorded_sizes
-from .resolve import _resolution as resolution
+from .resolve import Action, RecoveryPlan, Resolution, apply_recovery, plan_recovery, recorded_sizes, resolution
 
 
 @dataclass

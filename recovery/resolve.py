@@ -127,7 +127,7 @@ Recorded = dict[str, dict[str, set[int]]]
 published, and the same plan always gives the same objects)."""
 
 
-def _recorded(found: list[ObjectRecord]) -> Recorded:
+def recorded_sizes(found: list[ObjectRecord]) -> Recorded:
     sizes: Recorded = {}
     for r in found:
         if r.size is not None:
@@ -135,7 +135,7 @@ def _recorded(found: list[ObjectRecord]) -> Recorded:
     return sizes
 
 
-def _resolution(
+def resolution(
     output: OutputLocation,
     partitioned: bool,
     f: PlannedFile,
@@ -189,11 +189,11 @@ def plan_recovery(
     checked (``damaged``; ``progress(done, total)`` after each), else only listed. ``destination``: a table's,
     asked which pending files it holds."""
     term = ledger.term() + 1
-    recorded = _recorded(list(records(store.storage)))
+    recorded = recorded_sizes(list(records(store.storage)))
     points = store.truncate_points()
     pending = ledger.pending()
     held = destination.held(pending) if destination is not None and pending else None
-    files = [_resolution(output, partitioned, f, recorded, points, held) for f in pending]
+    files = [resolution(output, partitioned, f, recorded, points, held) for f in pending]
     return RecoveryPlan(
         files=files,
         output_garbage=find_output_garbage(output, store.storage, store.sink_id, term),
@@ -270,11 +270,11 @@ def apply_recovery(
     done.fenced = fence_writers(output, store.storage, term)
     failpoint("recovery.fence.after")
     prepare_staging(output, term)
-    recorded = _recorded(list(records(store.storage)))
+    recorded = recorded_sizes(list(records(store.storage)))
     pending = ledger.pending()
     points = store.truncate_points()
     held = destination.held(pending) if destination is not None and pending else None
-    resolutions = [_resolution(output, partitioned, f, recorded, points, held) for f in pending]
+    resolutions = [resolution(output, partitioned, f, recorded, points, held) for f in pending]
     done.damaged = store.damaged(verify_progress, quick=not verify, after=_committing(resolutions))
     if done.damaged and not drop_damaged:
         store.check_term("start or recover the sink")  # segments a newer owner released are not damage
