@@ -187,3 +187,100 @@ def test_statistics_are_taken_from_the_footers(tmp_path):
     ids = [r[0] for r in expected.elements()]
     assert min(a["min.id"] for a in actions) == min(ids) and max(a["max.id"] for a in actions) == max(ids)
     assert json.dumps(actions[0]["null_count.amount"]) == "0"
+
+
+def _durable(tmp_path: Path, state: str, table_format: str = "delta", **kwargs) -> ExactlyOnceParquetSink:
+    """A sink whose log store (its durable home) is outside its state directory: the state can be lost."""
+    options = {"vnodes": 8, "parallelism": 2, "rollover": HOLD, "partition_by": ["event_date"], **kwargs}
+    if table_format == "iceberg":
+        options["table"] = "db.events"
+    return ExactlyOnceParquetSink(
+        str(tmp_path / "table"),
+        str(tmp_path / state),
+        log_store=str(tmp_path / "durable" / "log"),
+        table_format=table_format,
+        **options,
+    )
+
+
+def _read(tmp_path: Path, table_format: str) -> Counter:
+    if table_format == "delta":
+        return table_rows(str(tmp_path / "table"))
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from filesink.destination.iceberg import CATALOG_NAME, EMBEDDED_CATALOG
+
+    root = tmp_path / "table"
+    catalog = SqlCatalog(CATALOG_NAME, uri=f"sqlite:///{root / EMBEDDED_CATALOG}", warehouse=f"file://{root}")
+    data = catalog.load_table("db.events").scan(selected_fields=tuple(COLUMNS)).to_arrow()
+    return Counter(zip(*(data[c].to_pylist() for c in COLUMNS), strict=True))
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_paused_older_driver_never_commits_to_the_table(tmp_path, table_format):
+    """Driver A pauses after writing a roll's files, before its table commit; driver B (another machine, a state
+    rebuilt from the durable home) takes over, resolves A's files and goes on. When A wakes, its commit is refused
+    by the term check: the table holds every row once."""
+    if table_format == "iceberg":
+        pytest.importorskip("pyiceberg")
+    a = _durable(tmp_path, "state-a", table_format)
+    expected = _epochs(a, range(3))
+    paused = []
+
+    def pause(self, files, written, schema):  # what A would do next, kept for when it wakes
+        paused.append((files, written, schema))
+        raise KeyboardInterrupt("paused")
+
+    original = type(a._destination).make_visible
+    type(a._destination).make_visible = pause
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            a.flush()
+    finally:
+        type(a._destination).make_visible = original
+    b = _durable(tmp_path, "state-b", table_format, parallelism=3)  # rebuilt, rescaled
+    expected += _epochs(b, range(3, 5))
+    b.flush()
+    b.close()
+    from filesink.errors import FencedError
+
+    with pytest.raises(FencedError):  # A wakes and goes on where it paused: the term check before the commit
+        a._store.check_term("commit to the table")
+    a._destination.make_visible(*paused[0])  # past the check (paused right after it): the table holds them already
+    a._state_lock.release()
+    a.log_store.close()
+    assert _read(tmp_path, table_format) == expected
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_lost_state_directory_and_a_rescale_finish_the_table_exactly_once(tmp_path, table_format):
+    """The driver dies after the table commit and before the state records it; its state directory is lost. A new
+    driver with another parallelism rebuilds from the durable home, finds the files in the table, and goes on."""
+    if table_format == "iceberg":
+        pytest.importorskip("pyiceberg")
+    from filesink import ledger as ledger_module
+
+    sink = _durable(tmp_path, "state-a", table_format)
+    expected = _epochs(sink, range(3))
+    commit = ledger_module.Ledger.commit
+
+    def die(self, files, *args, **kwargs):
+        if files:
+            raise RuntimeError("the driver died after the table's commit")
+        return commit(self, files, *args, **kwargs)
+
+    ledger_module.Ledger.commit = die
+    try:
+        with pytest.raises(RuntimeError, match="driver died"):
+            sink.flush()
+    finally:
+        ledger_module.Ledger.commit = commit
+    sink._state_lock.release()
+    sink.log_store.close()
+    shutil.rmtree(tmp_path / "state-a")
+    rebuilt = _durable(tmp_path, "state-b", table_format, parallelism=4)
+    assert rebuilt.recovered.files and all(r.held for r in rebuilt.recovered.files)
+    expected += _epochs(rebuilt, range(3, 6))
+    rebuilt.flush()
+    rebuilt.close()
+    assert _read(tmp_path, table_format) == expected
