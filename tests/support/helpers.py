@@ -112,6 +112,30 @@ def kill(proc: subprocess.Popen[Any], *, group: bool | None = None, timeout: flo
         else:
             proc.kill()  # nothing once it is reaped
     proc.wait(timeout)
+    if group:  # the group's other processes (a JVM, Python workers) may still be finishing a write: wait them out
+        deadline = time.monotonic() + timeout
+        while _live_members(proc.pid):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"processes {_live_members(proc.pid)} of group {proc.pid} still run after SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+
+def _live_members(group: int) -> list[int]:
+    """The processes of process group ``group`` that are not zombies (from /proc; empty where there is none)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == group:
+            found.append(int(entry))
+    return found
 
 
 def wait_until(

@@ -21,6 +21,7 @@ from typing import Any
 import recovery.cli
 from filesink.backlog import BacklogTracker
 from filesink.description import SinkDescription
+from filesink.destination import DirectoryDestination, TableOptions
 from filesink.errors import FileSinkError
 from filesink.ledger import Ledger, PlannedFile
 from filesink.planner import file_task
@@ -122,6 +123,9 @@ class Driver:
             _lock=threading.RLock(),
             _state_lock=SimpleNamespace(release=lambda: None),
             _output=world.output,
+            _destination=DirectoryDestination(
+                TableOptions(), output=world.output, sink_id=store.sink_id, partition_by=()
+            ),
             _store=store,
             _ledger=ledger,
             _epochs_since_sweep=world.scheduler.rng.randrange(20),
