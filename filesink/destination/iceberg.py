@@ -61,6 +61,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DecimalType, IcebergType, ListType, MapType, StructType
@@ -397,8 +398,7 @@ class IcebergDestination(Destination):
         with fs.open(f"{root}/{key}", "rb") as f:
             return pq.read_metadata(f)
 
-    def _data_file(self, obj: WrittenObject, tx: Transaction, schema: pa.Schema) -> DataFile:
-        metadata = tx.table_metadata
+    def _data_file(self, obj: WrittenObject, metadata: TableMetadata, schema: pa.Schema) -> DataFile:
         table_schema = metadata.schema()
         values: list[object] = []
         for column, text in zip(self.partition_by, partition_texts(obj.key, self.partition_by), strict=True):
@@ -497,7 +497,8 @@ class IcebergDestination(Destination):
             for f in pending:
                 for v, e in marks_of(f).items():
                     marks[v] = max(marks.get(v, -1), e)
-            data_files = [self._data_file(obj, tx, schema) for f in pending for obj in written[f.name]]
+            metadata = tx.table_metadata  # a deep copy at each read (pyiceberg 0.12): read once
+            data_files = [self._data_file(obj, metadata, schema) for f in pending for obj in written[f.name]]
         except (CommitFailedException, TableAlreadyExistsError, TableFormatError):
             raise
         except Exception as e:
@@ -506,8 +507,8 @@ class IcebergDestination(Destination):
                 "Nothing was committed; the files stay pending and the next start commits them."
             ) from e
         properties = {marks_property(self.sink_id): json.dumps(dict(sorted(marks.items())), separators=(",", ":"))}
-        if NAME_MAPPING not in tx.table_metadata.properties:
-            properties[NAME_MAPPING] = tx.table_metadata.schema().name_mapping.model_dump_json()
+        if NAME_MAPPING not in metadata.properties:
+            properties[NAME_MAPPING] = metadata.schema().name_mapping.model_dump_json()
         summary = {
             "filesink.sink-id": self.sink_id,
             "filesink.files": ",".join(f.name for f in pending),
