@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import TableFormatError
+from ..errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from ..ledger import PlannedFile
     from ..output import OutputLocation
@@ -55,6 +56,24 @@ class TableOptions:
 def marks_of(f: PlannedFile) -> dict[int, int]:
     """The marks a table commit of ``f`` records: its end epoch for every vnode it holds rows of."""
     return {v: f.end_epoch for v in f.starts}
+
+
+def s3_settings(options: Mapping[str, Any]) -> dict[str, str]:
+    """The S3 settings in the sink's s3fs storage options, by role (``endpoint``, ``region``, ``key``, ``secret``,
+    ``token``; those not given are left out, and a table's library finds them in the standard AWS variables): what
+    each table format's library is given under its own names. An endpoint without a region gets ``us-east-1``."""
+    client = dict(options.get("client_kwargs") or {})
+    found = {
+        "endpoint": options.get("endpoint_url") or client.get("endpoint_url"),
+        "region": client.get("region_name") or options.get("region_name"),
+        "key": options.get("key"),
+        "secret": options.get("secret"),
+        "token": options.get("token"),
+    }
+    out = {k: str(v) for k, v in found.items() if v}
+    if "endpoint" in out and "region" not in out:
+        out["region"] = "us-east-1"
+    return out
 
 
 def held_files(files: Sequence[PlannedFile], reach: Mapping[int, int], table: str) -> set[str]:
@@ -125,6 +144,42 @@ class Destination(ABC):
         """Make ``files`` visible together (every object in ``written``, keyed by file name), unless the destination
         holds them already. Raises :class:`TableCommitFailedError` (not committed) or
         :class:`TableCommitUnknownError` (could not tell); either way the files stay pending."""
+
+    def footer(self, key: str, footer: pq.FileMetaData | None) -> pq.FileMetaData:
+        """The Parquet footer of the object ``key``: ``footer`` as its writer returned it, or read from the output
+        (recovery commits objects an earlier run wrote)."""
+        import pyarrow.parquet as pq
+
+        from ..output.location import filesystem
+
+        if footer is not None:
+            return footer
+        if self.output.is_local:
+            return pq.read_metadata(self.output.local_root() / key)
+        fs, root = filesystem(self.output)
+        with fs.open(f"{root}/{key}", "rb") as f:
+            return pq.read_metadata(f)
+
+    def after_failure(self, pending: Sequence[PlannedFile], error: Exception, *, leave_alone: str) -> None:
+        """After a commit raised ``error``, read the table again: it landed after all (return), it did not
+        (:class:`TableCommitFailedError`), or no one can tell (:class:`TableCommitUnknownError`). ``leave_alone``
+        names what another writer of the table must not touch (the format's marks)."""
+        names = [f.name for f in pending]
+        try:
+            now = self.held(pending) or set()
+        except Exception as e:
+            raise TableCommitUnknownError(
+                f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} failed ({error}), and the "
+                f"table could not be read again to tell whether it landed ({e}). The files stay pending: the next "
+                "start, or filesink recover apply, decides from the table alone and commits them once."
+            ) from error
+        if now == set(names):
+            return
+        raise TableCommitFailedError(
+            f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} did not land: "
+            f"{type(error).__name__}: {error}. The files stay pending: the next start, or filesink recover apply, "
+            f"commits them once. If another writer commits to this table, make sure it leaves {leave_alone} alone."
+        ) from error
 
     def maintain(self) -> None:
         """Keep the table's history bounded (checkpoints, log clean-up, snapshot expiry); after a commit."""

@@ -29,9 +29,8 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from ..errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
-from ..output.location import filesystem
-from .base import Destination, TableFormat, held_files, marks_of
+from ..errors import TableCommitFailedError, TableFormatError
+from .base import Destination, TableFormat, held_files, marks_of, s3_settings
 from .partitions import partition_texts, typed_value
 
 if TYPE_CHECKING:
@@ -59,19 +58,16 @@ def table_uri(url: str) -> str:
 def storage_options(options: Mapping[str, Any]) -> dict[str, str]:
     """delta-rs's storage options for the sink's s3fs options: endpoint, region, credentials (or the standard AWS
     variables, which delta-rs reads itself)."""
-    client = dict(options.get("client_kwargs") or {})
-    found = {
-        "AWS_ENDPOINT_URL": options.get("endpoint_url") or client.get("endpoint_url"),
-        "AWS_REGION": client.get("region_name") or options.get("region_name"),
-        "AWS_ACCESS_KEY_ID": options.get("key"),
-        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
-        "AWS_SESSION_TOKEN": options.get("token"),
+    names = {
+        "endpoint": "AWS_ENDPOINT_URL",
+        "region": "AWS_REGION",
+        "key": "AWS_ACCESS_KEY_ID",
+        "secret": "AWS_SECRET_ACCESS_KEY",
+        "token": "AWS_SESSION_TOKEN",
     }
-    out = {k: str(v) for k, v in found.items() if v}
+    out = {names[k]: v for k, v in s3_settings(options).items()}
     if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
         out["AWS_ALLOW_HTTP"] = "true"
-    if "AWS_ENDPOINT_URL" in out and "AWS_REGION" not in out:
-        out["AWS_REGION"] = "us-east-1"
     return out
 
 
@@ -268,15 +264,6 @@ class DeltaDestination(Destination):
             ) from e
         return self._table
 
-    def _footer(self, key: str, footer: pq.FileMetaData | None) -> pq.FileMetaData:
-        if footer is not None:
-            return footer
-        if self.output.is_local:
-            return pq.read_metadata(self.output.local_root() / key)
-        fs, root = filesystem(self.output)
-        with fs.open(f"{root}/{key}", "rb") as f:
-            return pq.read_metadata(f)
-
     def _add(self, obj: WrittenObject, schema: pa.Schema, now: int) -> AddAction:
         texts = partition_texts(obj.key, self.partition_by)
         values: dict[str, str | None] = {}
@@ -293,7 +280,7 @@ class DeltaDestination(Destination):
             partition_values=values,
             modification_time=now,
             data_change=True,
-            stats=stats(self._footer(obj.key, obj.footer), self.partition_by),
+            stats=stats(self.footer(obj.key, obj.footer), self.partition_by),
         )
 
     def make_visible(
@@ -332,27 +319,7 @@ class DeltaDestination(Destination):
             )
         except Exception as e:
             self._table = None
-            self._after_failure(pending, e)
-
-    def _after_failure(self, pending: Sequence[PlannedFile], error: Exception) -> None:
-        """Read the table again: the commit landed after all (done), or it did not (failed), or no one can tell."""
-        names = [f.name for f in pending]
-        try:
-            now = self.held(pending) or set()
-        except Exception as e:
-            raise TableCommitUnknownError(
-                f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} failed ({error}), and the "
-                f"table could not be read again to tell whether it landed ({e}). The files stay pending: the next "
-                "start, or filesink recover apply, decides from the table's history alone and commits them once."
-            ) from error
-        if now == set(names):
-            return
-        raise TableCommitFailedError(
-            f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} did not land: {error}. The "
-            "files stay pending: the next start, or filesink recover apply, commits them once. If another writer "
-            "commits to this table, make sure it does not use this sink's application ids "
-            f"({app_id(self.sink_id, 0)} ...)."
-        ) from error
+            self.after_failure(pending, e, leave_alone=f"this sink's application ids ({app_id(self.sink_id, 0)} ...)")
 
     def status(self) -> dict[str, Any]:
         out = super().status()

@@ -46,7 +46,6 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
@@ -67,9 +66,8 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import DecimalType, IcebergType, ListType, MapType, StructType
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 
-from ..errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
-from ..output.location import filesystem
-from .base import Destination, TableFormat, held_files, marks_of
+from ..errors import TableCommitFailedError, TableFormatError
+from .base import Destination, TableFormat, held_files, marks_of, s3_settings
 from .partitions import partition_texts, typed_value
 
 if TYPE_CHECKING:
@@ -119,18 +117,14 @@ def table_location(url: str) -> str:
 def file_io_properties(options: Mapping[str, Any]) -> dict[str, str]:
     """pyiceberg's S3 file IO properties for the sink's s3fs options: endpoint, region, credentials (or none, and
     pyiceberg's S3 client finds them in the standard AWS variables and files)."""
-    client = dict(options.get("client_kwargs") or {})
-    found = {
-        "s3.endpoint": options.get("endpoint_url") or client.get("endpoint_url"),
-        "s3.region": client.get("region_name") or options.get("region_name"),
-        "s3.access-key-id": options.get("key"),
-        "s3.secret-access-key": options.get("secret"),
-        "s3.session-token": options.get("token"),
+    names = {
+        "endpoint": "s3.endpoint",
+        "region": "s3.region",
+        "key": "s3.access-key-id",
+        "secret": "s3.secret-access-key",
+        "token": "s3.session-token",
     }
-    out = {k: str(v) for k, v in found.items() if v}
-    if "s3.endpoint" in out and "s3.region" not in out:
-        out["s3.region"] = "us-east-1"
-    return out
+    return {names[k]: v for k, v in s3_settings(options).items()}
 
 
 # -- schemas -------------------------------------------------------------------------------------------------
@@ -389,15 +383,6 @@ class IcebergDestination(Destination):
 
     # -- committing --------------------------------------------------------------------------------------------
 
-    def _footer(self, key: str, footer: pq.FileMetaData | None) -> pq.FileMetaData:
-        if footer is not None:
-            return footer
-        if self.output.is_local:
-            return pq.read_metadata(self.output.local_root() / key)
-        fs, root = filesystem(self.output)
-        with fs.open(f"{root}/{key}", "rb") as f:
-            return pq.read_metadata(f)
-
     def _data_file(self, obj: WrittenObject, metadata: TableMetadata, schema: pa.Schema) -> DataFile:
         table_schema = metadata.schema()
         values: list[object] = []
@@ -406,7 +391,7 @@ class IcebergDestination(Destination):
             scale = field.field_type.scale if isinstance(field.field_type, DecimalType) else None
             values.append(_partition_value(typed_value(text, schema.field(column).type, column), scale))
         stats = data_file_statistics_from_parquet_metadata(
-            parquet_metadata=self._footer(obj.key, obj.footer),
+            parquet_metadata=self.footer(obj.key, obj.footer),
             stats_columns=compute_statistics_plan(table_schema, metadata.properties),
             parquet_column_mapping=parquet_path_to_id_mapping(table_schema),
         )
@@ -474,7 +459,7 @@ class IcebergDestination(Destination):
                 raise
             except Exception as e:
                 self._table = None
-                self._after_failure(pending, e)
+                self.after_failure(pending, e, leave_alone=f"the table property {marks_property(self.sink_id)}")
                 return
         names = [f.name for f in files]
         raise TableCommitFailedError(
@@ -521,26 +506,6 @@ class IcebergDestination(Destination):
             for data_file in data_files:
                 append.append_data_file(data_file)
         self._table = tx.commit_transaction()
-
-    def _after_failure(self, pending: Sequence[PlannedFile], error: Exception) -> None:
-        """Read the table again: the commit landed after all (done), or it did not (failed), or no one can tell."""
-        names = [f.name for f in pending]
-        try:
-            now = self.held(pending) or set()
-        except Exception as e:
-            raise TableCommitUnknownError(
-                f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} failed ({error}), and the "
-                f"table could not be read again to tell whether it landed ({e}). The files stay pending: the next "
-                "start, or filesink recover apply, decides from the table alone and commits them once."
-            ) from error
-        if now == set(names):
-            return
-        raise TableCommitFailedError(
-            f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} did not land: "
-            f"{type(error).__name__}: {error}. The files stay pending: the next start, or filesink recover apply, "
-            f"commits them once. If another writer commits to this table, make sure it leaves the table property "
-            f"{marks_property(self.sink_id)} alone."
-        ) from error
 
     # -- history -----------------------------------------------------------------------------------------------
 
