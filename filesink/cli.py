@@ -21,6 +21,7 @@ from recovery.cli import recover
 
 from . import s3options
 from .argparsing import Parser, catalog_property
+from .destination import TableFormat
 from .errors import COMMAND_ERRORS, EXIT_FAILED, report
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
     run.add_argument(
         "--table-format",
         default="directory",
-        choices=["directory", "delta", "iceberg"],
+        choices=[f.value for f in TableFormat],
         help="what the output is: Parquet files in a directory, a Delta table at --output, or an Iceberg table "
         "(--table) with its data at --output; fixed when the sink is created (default: directory)",
     )
@@ -262,7 +263,7 @@ def _add_demo(commands: argparse._SubParsersAction[Any]) -> None:
     demo.add_argument(
         "--table-format",
         default="directory",
-        choices=["directory", "delta", "iceberg"],
+        choices=[f.value for f in TableFormat],
         help="write a Delta table, or an Iceberg table (demo.events, in an embedded catalog), instead of a "
         "directory, and check the table as its readers see it (default: directory)",
     )
