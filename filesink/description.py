@@ -73,6 +73,8 @@ class SinkDescription:
     operator promises that at most one driver or recover command runs at a time."""
     accept_duplicates: bool = False
     """With ``accept_state_loss``: batch 0 (a new checkpoint) may write to an output that holds rows already."""
+    fill_missing_columns: bool = False
+    """A batch without some of the sink's columns gets them as nulls of their types (otherwise it is refused)."""
     table: TableOptions = field(default_factory=TableOptions)
     """What the output is: a directory (the default), a Delta table or an Iceberg table
     (:mod:`filesink.destination`)."""
@@ -100,6 +102,7 @@ class SinkDescription:
         table_format: str = "directory",
         catalog: Mapping[str, Any] | None = None,
         table: str | None = None,
+        fill_missing_columns: bool = False,
     ) -> SinkDescription:
         """Check the options (nothing here touches a file system); ``remote``: made on a Spark Connect client,
         where relative local paths are refused (they would mean the server's working directory)."""
@@ -167,6 +170,7 @@ class SinkDescription:
             checkpoint_location=checkpoint_location,
             single_driver=bool(single_driver),
             accept_duplicates=bool(accept_duplicates),
+            fill_missing_columns=bool(fill_missing_columns),
             table=table_opts,
         )
 

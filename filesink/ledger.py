@@ -21,12 +21,14 @@ once a newer term record exists in the durable home, so a run from before a rest
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
@@ -106,6 +108,50 @@ def _table_format(db: sqlite_utils.Database) -> None:
         ALTER TABLE sink_config ADD COLUMN table_name TEXT;
         """
     )
+
+
+@migrations(name="0005_schema_versions")
+def _schema_versions(db: sqlite_utils.Database) -> None:
+    db.executescript(
+        """
+        CREATE TABLE schema_versions (
+            version INTEGER PRIMARY KEY,
+            first_epoch INTEGER NOT NULL,
+            spark_schema TEXT NOT NULL,
+            spark_type TEXT,
+            arrow_schema BLOB,
+            changes TEXT NOT NULL DEFAULT '[]',
+            recorded_at TEXT NOT NULL
+        );
+        INSERT INTO schema_versions (version, first_epoch, spark_schema, arrow_schema, recorded_at)
+            SELECT 1, 0, spark_schema, arrow_schema, datetime('now') FROM sink_config WHERE spark_schema IS NOT NULL;
+        """
+    )
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """One schema of the sink's history: its Spark schema (``[name, type]`` pairs, and Spark's full JSON where
+    recorded), the files' Arrow schema (None until the first rows of version 1), the first epoch it applies to and
+    what changed from the version before (:class:`filesink.evolution.Change` as text)."""
+
+    version: int
+    first_epoch: int
+    spark_schema: str
+    spark_type: str | None
+    arrow_schema: bytes | None
+    changes: tuple[str, ...]
+
+
+def _version_json(v: SchemaVersion) -> dict[str, Any]:
+    return {
+        "version": v.version,
+        "first_epoch": v.first_epoch,
+        "spark_schema": v.spark_schema,
+        "spark_type": v.spark_type,
+        "arrow_schema": None if v.arrow_schema is None else base64.b64encode(v.arrow_schema).decode(),
+        "changes": list(v.changes),
+    }
 
 
 class FileState(StrEnum):
@@ -223,6 +269,7 @@ class Ledger:
                         (home or {}).get("query_id"),
                     ),
                 )
+                self._restore_schema_history(home or {})
             if home is None:
                 self._write_home_record()
             return
@@ -293,8 +340,32 @@ class Ledger:
                 "query_id": row[4],
                 "table_format": row[5],
                 "table": row[6],
+                "schema_history": [_version_json(v) for v in self.schema_history()],
             },
         )
+
+    def _restore_schema_history(self, home: dict[str, Any]) -> None:
+        """A rebuilt database takes the schema history the home recorded (a home from before it: its schema as
+        version 1), and the newest version's files' schema."""
+        history = home.get("schema_history")
+        if history is None and home.get("spark_schema") is not None:
+            history = [{"version": 1, "first_epoch": 0, "spark_schema": home["spark_schema"]}]
+        for v in history or []:
+            arrow = base64.b64decode(v["arrow_schema"]) if v.get("arrow_schema") else None
+            self.db.execute(
+                "INSERT INTO schema_versions (version, first_epoch, spark_schema, spark_type, arrow_schema, changes, "
+                "recorded_at) VALUES (?, ?, ?, ?, ?, ?, datetime('now'))",
+                (
+                    v["version"],
+                    v["first_epoch"],
+                    v["spark_schema"],
+                    v.get("spark_type"),
+                    arrow,
+                    json.dumps(v.get("changes") or []),
+                ),
+            )
+        if history and history[-1].get("arrow_schema"):
+            self.db.execute("UPDATE sink_config SET arrow_schema = ?", (base64.b64decode(history[-1]["arrow_schema"]),))
 
     @db_errors("read the recorded schema")
     def spark_schema(self) -> str | None:
@@ -308,10 +379,18 @@ class Ledger:
         value: bytes | None = self.db.execute("SELECT arrow_schema FROM sink_config").fetchone()[0]
         if value is None:
             first = self.store.first_segment_schema()
+            if first is not None and self.store.readonly:
+                return file_schema_bytes(first)
             if first is not None:
                 value = file_schema_bytes(first)
                 with self.db.atomic():
                     self.db.execute("UPDATE sink_config SET arrow_schema = COALESCE(arrow_schema, ?)", (value,))
+                    self.db.execute(
+                        "UPDATE schema_versions SET arrow_schema = COALESCE(arrow_schema, ?) WHERE version = "
+                        "(SELECT MAX(version) FROM schema_versions)",
+                        (value,),
+                    )
+                self._write_home_record()
         # A schema recorded before nested fields were made nullable too is widened the same way.
         return None if value is None else file_schema_bytes(value)
 
@@ -321,12 +400,59 @@ class Ledger:
         return [r[0] for r in self.db.execute("SELECT name FROM sink_files WHERE state = 'pending' ORDER BY name")]
 
     @db_errors("record the schema")
-    def record_schema(self, spark_schema: str, arrow_schema: bytes | None) -> None:
+    def record_schema(self, spark_schema: str, spark_type: str | None, first_epoch: int) -> None:
+        """Record the sink's first schema (version 1), or replace it while no rows were sealed under it."""
         with self.db.atomic():
+            self.db.execute("UPDATE sink_config SET spark_schema = ?, arrow_schema = NULL", (spark_schema,))
+            self.db.execute("DELETE FROM schema_versions")
             self.db.execute(
-                "UPDATE sink_config SET spark_schema = ?, arrow_schema = COALESCE(arrow_schema, ?)",
-                (spark_schema, arrow_schema),
+                "INSERT INTO schema_versions (version, first_epoch, spark_schema, spark_type, recorded_at) "
+                "VALUES (1, ?, ?, ?, datetime('now'))",
+                (first_epoch, spark_schema, spark_type),
             )
+        self._write_home_record()
+
+    @db_errors("read the schema history")
+    def schema_history(self) -> list[SchemaVersion]:
+        """The sink's schemas, oldest first (empty before its first batch)."""
+        if "schema_versions" not in self.db.table_names():  # a read-only database from before schema evolution
+            recorded = self.spark_schema()
+            return [] if recorded is None else [SchemaVersion(1, 0, recorded, None, None, ())]
+        return [
+            SchemaVersion(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]), tuple(json.loads(r[5])))
+            for r in self.db.execute(
+                "SELECT version, first_epoch, spark_schema, spark_type, arrow_schema, changes FROM schema_versions "
+                "ORDER BY version"
+            )
+        ]
+
+    @db_errors("record a new schema version")
+    def add_schema_version(
+        self, spark_schema: str, spark_type: str | None, arrow_schema: bytes, first_epoch: int, changes: list[str]
+    ) -> None:
+        """Record the schema batches take from ``first_epoch`` on; versions from that epoch on that no seal used (a
+        run stopped between recording and sealing) are replaced. In the home before the epoch is sealed, so a
+        rebuild writes the epoch's rows under it."""
+        with self.db.atomic():
+            self.db.execute("DELETE FROM schema_versions WHERE first_epoch >= ? AND version > 1", (first_epoch,))
+            self.db.execute(
+                "INSERT INTO schema_versions (version, first_epoch, spark_schema, spark_type, arrow_schema, changes, "
+                "recorded_at) VALUES ((SELECT MAX(version) + 1 FROM schema_versions), ?, ?, ?, ?, ?, "
+                "datetime('now'))",
+                (first_epoch, spark_schema, spark_type, arrow_schema, json.dumps(changes)),
+            )
+            self.db.execute("UPDATE sink_config SET spark_schema = ?, arrow_schema = ?", (spark_schema, arrow_schema))
+        self._write_home_record()
+
+    @db_errors("drop an unsealed schema version")
+    def drop_schema_versions_after(self, version: int) -> None:
+        """Forget the versions after ``version``, which no seal used: the batches went back to ``version``."""
+        with self.db.atomic():
+            self.db.execute("DELETE FROM schema_versions WHERE version > ?", (version,))
+            row = self.db.execute(
+                "SELECT spark_schema, arrow_schema FROM schema_versions WHERE version = ?", (version,)
+            ).fetchone()
+            self.db.execute("UPDATE sink_config SET spark_schema = ?, arrow_schema = ?", (row[0], row[1]))
         self._write_home_record()
 
     # -- writer terms ---------------------------------------------------------------------------------

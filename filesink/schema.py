@@ -329,13 +329,14 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str, *, keep: tuple
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
 
 
-def arrow_schema_of(schema: Any) -> pa.Schema | None:
-    """The Arrow schema of the Spark ``schema`` as the append's tasks receive it (timestamps labelled UTC here),
-    for a table format's check of its types; None where pyspark cannot convert a type (the append refuses it)."""
+def arrow_schema_of(schema: Any, timezone: str = "UTC") -> pa.Schema | None:
+    """The Arrow schema of the Spark ``schema`` as the append's tasks receive it (timestamps labelled ``timezone``),
+    for a table format's check of its types and a schema's evolution; None where pyspark cannot convert a type (the
+    append refuses it)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     try:
-        converted: pa.Schema = to_arrow_schema(schema, timezone="UTC")
+        converted: pa.Schema = to_arrow_schema(schema, timezone=timezone)
     except Exception:
         return None
     return converted

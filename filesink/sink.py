@@ -87,13 +87,13 @@ from .rollover import Rollover
 from .s3options import remember
 from .schema import (
     arrow_schema_of,
+    arrow_zone,
     hashable_columns,
     repeated,
-    schema_problems,
-    spark_schema_json,
     unhashable_reason,
     unwritable_columns,
 )
+from .schema_versions import NewVersion, check_batch_schema, fill_missing_columns
 from .sizing import Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
@@ -162,6 +162,7 @@ class ExactlyOnceParquetSink:
         table_format: str = "directory",
         catalog: Mapping[str, Any] | None = None,
         table: str | None = None,
+        fill_missing_columns: bool = False,
     ) -> None:
         """The options are described in ``docs/configuration.md``. ``single_driver``: go on where the log store's
         location has no conditional create (an S3 server that ignores or refuses ``If-None-Match: *``), which
@@ -187,6 +188,7 @@ class ExactlyOnceParquetSink:
             table_format=table_format,
             catalog=catalog,
             table=table,
+            fill_missing_columns=fill_missing_columns,
         )
         if connect_client():
             self._describe()  # opens on the Spark Connect server, at its first batch there
@@ -350,8 +352,12 @@ class ExactlyOnceParquetSink:
             self.use_spark(df.sparkSession)
             last = self._check_batch(batch_id)
             if batch_id > last:
-                self._check_schema(df.schema)
-                descriptors = self._append(df, batch_id)
+                if self._description.fill_missing_columns:
+                    df = fill_missing_columns(df, self._ledger, (*(self.key_columns or ()), *self.partition_by))
+                version = self._check_schema(df.schema, batch_id)
+                descriptors = self._append(df, batch_id, version)
+                if version is not None:
+                    self._record_version(version, descriptors)
                 self._store.seal(batch_id, descriptors)
                 self.stats.batches += 1
                 self.stats.rows_in += sum(d.rows for d in descriptors)
@@ -762,7 +768,32 @@ class ExactlyOnceParquetSink:
         recorded = self._ledger.arrow_schema() if self._ledger.config() is not None else None
         return pa.ipc.read_schema(pa.py_buffer(recorded)) if recorded is not None else None
 
-    def _check_schema(self, schema: Any) -> None:
+    def _record_version(self, version: NewVersion, descriptors: list[SegmentDescriptor]) -> None:
+        """Record a batch's new schema before its epoch is sealed (its segments are deleted if that fails)."""
+        try:
+            self._ledger.add_schema_version(
+                version.spark_schema,
+                version.spark_type,
+                version.arrow_schema,
+                version.first_epoch,
+                list(version.changes),
+            )
+        except BaseException:
+            self._store.discard(version.first_epoch, descriptors)
+            raise
+        log.info(
+            "the sink for %s takes a new schema from batch %d: %s",
+            self.path,
+            version.first_epoch,
+            "; ".join(version.changes) or "the columns' order changed",
+        )
+
+    def _session_zone(self) -> str:
+        """The zone Spark labels a batch's timestamps with (its session time zone), as pyarrow knows it."""
+        zone = self._spark.conf.get("spark.sql.session.timeZone") if self._spark is not None else None
+        return arrow_zone(str(zone)) if zone else "UTC"
+
+    def _check_schema(self, schema: Any, epoch: int | None = None) -> NewVersion | None:
         self._check_columns(schema)
         arrow = arrow_schema_of(schema) if self._destination.options.is_table else None
         if arrow is not None:
@@ -772,19 +803,17 @@ class ExactlyOnceParquetSink:
                     f"the batch's {problem}. Nothing of this batch was written. Cast or drop the column before the "
                     f"sink, or write to table_format='directory'."
                 )
-        current = spark_schema_json(schema)
-        recorded = self._ledger.spark_schema()
-        if recorded is None or (recorded != current and self._store.last_sealed_epoch == NOTHING):
-            self._ledger.record_schema(current, None)  # nothing sealed yet: the schema may still change
-            return
-        problems = schema_problems(recorded, current)
-        if problems:
-            raise SchemaMismatchError(
-                f"the batch's schema differs from the one this sink was created with: {'; '.join(problems)}. "
-                "Nothing of this batch was written. A sink keeps one schema; write a changed schema to a new sink."
-            )
+        return check_batch_schema(
+            self._ledger,
+            self._store.last_sealed_epoch,
+            schema,
+            epoch,
+            zone=self._session_zone(),
+            fixed=(*(self.key_columns or ()), *self.partition_by),
+            destination=self._destination,
+        )
 
-    def _append(self, df: Any, epoch: int) -> list[SegmentDescriptor]:
+    def _append(self, df: Any, epoch: int, version: NewVersion | None = None) -> list[SegmentDescriptor]:
         """Append the batch: one Spark job, each task checks its rows (:mod:`filesink.admission`) and writes one
         segment. A refused batch leaves nothing in the log store and raises :class:`BatchRefusedError`."""
         from pyspark.sql import functions as F
@@ -799,7 +828,8 @@ class ExactlyOnceParquetSink:
         target = self._store.target
         term_prefix = self._store.writer_id("")
         limits = key_limits(self._output) if self.partition_by else None
-        admission = Admission(epoch, self._ledger.arrow_schema(), tuple(self.partition_by), limits)
+        files_schema = version.arrow_schema if version is not None else self._ledger.arrow_schema()
+        admission = Admission(epoch, files_schema, tuple(self.partition_by), limits)
 
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext

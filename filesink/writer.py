@@ -43,6 +43,7 @@ from logstore.failpoints import failpoint
 
 from .dictionary import dictionary_columns
 from .errors import FencedError, FileWriteError
+from .evolution import upgrade
 from .output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
 from .partitioning import legacy_partition_dir, partition_dirs
 from .schema import SchemaConformError, utc_labelled
@@ -260,7 +261,10 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogB
     try:
         return conform_to(batch, schema, where)
     except SchemaConformError as e:
-        raise FileWriteError(str(e)) from e
+        upgraded = upgrade(batch, schema)  # rows sealed under an older schema version (filesink.evolution)
+        if upgraded is None:
+            raise FileWriteError(str(e)) from e
+        return upgraded
 
 
 def split_partitions(

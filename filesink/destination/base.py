@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from ..evolution import Change
     from ..ledger import PlannedFile
     from ..output import OutputLocation
     from ..writer import WrittenObject
@@ -126,6 +127,11 @@ class Destination(ABC):
         """Why the format cannot hold columns of ``schema`` (naming the column and its type), or None. Asked before a
         batch is sealed, so such rows are refused while Spark still holds them."""
         return None
+
+    def evolution_problems(self, changes: Sequence[Change]) -> list[str]:
+        """Which of a new schema's changes (:mod:`filesink.evolution`) the format cannot take, each naming the column
+        and what to do. Asked before the batch that makes them is written."""
+        return []
 
     def check(self, schema: pa.Schema | None) -> None:
         """At start, before anything is written: the table, if it exists, is one this sink can commit to.

@@ -1,0 +1,128 @@
+"""The sink's schema history at a batch: is the batch's schema the recorded one, a new version, or refused?
+
+A sink records the schema of its first batch as version 1 (:meth:`filesink.ledger.Ledger.record_schema`). A later
+batch with another schema is compared with the newest version (:func:`filesink.evolution.evolve`): a change the sink
+takes becomes the next version, recorded (in the state database and the durable home) after the batch's rows are
+in the log store and before its epoch is sealed (:meth:`~filesink.ledger.Ledger.add_schema_version`); a change it
+does not take refuses the batch before anything of it is written. A version recorded for an epoch that was never
+sealed (a run stopped in between) is taken back when the batch comes again with the older schema.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from logstore import NOTHING
+
+from .errors import SchemaMismatchError
+from .evolution import evolve
+from .schema import arrow_schema_of, file_schema, schema_problems, spark_schema_json
+
+if TYPE_CHECKING:
+    from .destination import Destination
+    from .ledger import Ledger
+
+
+@dataclass(frozen=True)
+class NewVersion:
+    """A schema change the sink takes, to be recorded before the batch's epoch is sealed."""
+
+    spark_schema: str
+    spark_type: str
+    arrow_schema: bytes
+    """The files' schema from this version on."""
+    first_epoch: int
+    changes: tuple[str, ...]
+
+
+def check_batch_schema(
+    ledger: Ledger,
+    last_sealed: int,
+    schema: Any,
+    epoch: int | None,
+    *,
+    zone: str,
+    fixed: tuple[str, ...],
+    destination: Destination,
+) -> NewVersion | None:
+    """None when batches of the Spark ``schema`` are written under the recorded files' schema (a new sink records
+    it here as version 1), the next version when the schema evolves, or :class:`SchemaMismatchError` naming each
+    column that changed in a way the sink does not take. ``epoch``: the batch's (None: a check before a query)."""
+    current = spark_schema_json(schema)
+    history = ledger.schema_history()
+    first = epoch if epoch is not None else last_sealed + 1
+    if not history or last_sealed == NOTHING:
+        if not history or history[-1].spark_schema != current or len(history) > 1:
+            ledger.record_schema(current, schema.json(), first)  # nothing sealed yet: the schema may still change
+        return None
+    established = [v for v in history if v.first_epoch <= last_sealed] or history[:1]
+    if len(established) < len(history) and current != history[-1].spark_schema:
+        ledger.drop_schema_versions_after(established[-1].version)  # no seal used them
+        history = established
+    if current == history[-1].spark_schema:
+        return None
+    recorded = ledger.arrow_schema()
+    if recorded is None:  # no rows were ever held under the recorded schema: it is replaced
+        ledger.record_schema(current, schema.json(), history[0].first_epoch)
+        return None
+    converted = arrow_schema_of(schema, timezone=zone)
+    if converted is None:
+        problems = schema_problems(history[-1].spark_schema, current)
+        raise SchemaMismatchError(
+            f"the batch's schema differs from the sink's: {'; '.join(problems)}. Nothing of this batch was written."
+        )
+    evolution = evolve(pa.ipc.read_schema(pa.py_buffer(recorded)), file_schema(converted), fixed=fixed)
+    problems = list(evolution.problems)
+    if not problems:
+        problems += destination.evolution_problems(evolution.changes)
+    if problems:
+        raise SchemaMismatchError(
+            f"batch {'' if epoch is None else f'{epoch} '}changes the sink's schema (version {history[-1].version}) "
+            f"in a way the sink does not take: {'; '.join(problems)}. Nothing of this batch was written. The sink "
+            "takes new nullable columns and struct fields, wider types (tinyint to smallint to int to bigint, float "
+            "to double, a decimal's precision up at the same scale) and columns becoming nullable; anything else "
+            "needs a new sink (new state directory, log store and output)."
+        )
+    return NewVersion(
+        current,
+        schema.json(),
+        bytes(evolution.schema.serialize().to_pybytes()),
+        first,
+        tuple(str(c) for c in evolution.changes),
+    )
+
+
+def fill_missing_columns(df: Any, ledger: Ledger, keep: tuple[str, ...]) -> Any:
+    """``df`` with the sink's columns it lacks added as nulls of their recorded types (the sink's
+    ``fill_missing_columns``), the sink's columns first in their order; ``keep`` (key and partition columns) are
+    never filled: a batch without them is refused."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    history = ledger.schema_history()
+    if not history:
+        return df
+    latest = history[-1]
+    recorded = [name for name, _ in json.loads(latest.spark_schema)]
+    missing = [n for n in recorded if n not in df.columns and n not in keep]
+    if not missing:
+        return df
+    types = T.StructType.fromJson(json.loads(latest.spark_type)) if latest.spark_type else None
+    kinds = dict(json.loads(latest.spark_schema))
+
+    def quoted(name: str) -> str:
+        return "`" + name.replace("`", "``") + "`"
+
+    columns = []
+    for name in recorded:
+        if name in missing:
+            kind = types[name].dataType if types is not None else kinds[name]
+            columns.append(F.lit(None).cast(kind).alias(name))
+        elif name in df.columns:
+            columns.append(F.col(quoted(name)))
+    columns += [F.col(quoted(n)) for n in df.columns if n not in recorded]
+    return df.select(*columns)
