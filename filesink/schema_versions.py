@@ -24,7 +24,7 @@ from .schema import arrow_schema_of, file_schema, schema_problems, spark_schema_
 
 if TYPE_CHECKING:
     from .destination import Destination
-    from .ledger import Ledger
+    from .ledger import Ledger, SchemaVersion
 
 
 @dataclass(frozen=True)
@@ -66,16 +66,14 @@ def check_batch_schema(
     if current == history[-1].spark_schema:
         return None
     recorded = ledger.arrow_schema()
-    if recorded is None:  # no rows were ever held under the recorded schema: it is replaced
-        ledger.record_schema(current, schema.json(), history[0].first_epoch)
-        return None
+    old = pa.ipc.read_schema(pa.py_buffer(recorded)) if recorded is not None else _converted(history[-1], zone)
     converted = arrow_schema_of(schema, timezone=zone)
-    if converted is None:
+    if converted is None or old is None:
         problems = schema_problems(history[-1].spark_schema, current)
         raise SchemaMismatchError(
             f"the batch's schema differs from the sink's: {'; '.join(problems)}. Nothing of this batch was written."
         )
-    evolution = evolve(pa.ipc.read_schema(pa.py_buffer(recorded)), file_schema(converted), fixed=fixed)
+    evolution = evolve(old, file_schema(converted), fixed=fixed)
     problems = list(evolution.problems)
     if not problems:
         problems += destination.evolution_problems(evolution.changes)
@@ -94,6 +92,16 @@ def check_batch_schema(
         first,
         tuple(str(c) for c in evolution.changes),
     )
+
+
+def _converted(version: SchemaVersion, zone: str) -> pa.Schema | None:
+    """The files' schema of a version no rows were held under yet, from its Spark schema (None if not recorded)."""
+    if version.spark_type is None:
+        return None
+    from pyspark.sql import types as T
+
+    converted = arrow_schema_of(T.StructType.fromJson(json.loads(version.spark_type)), timezone=zone)
+    return None if converted is None else file_schema(converted)
 
 
 def fill_missing_columns(df: Any, ledger: Ledger, keep: tuple[str, ...]) -> Any:

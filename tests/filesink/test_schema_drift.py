@@ -140,7 +140,7 @@ def test_schema_may_change_until_something_is_sealed(tmp_path):
         sink.check_schema(second)  # nothing sealed: the query's schema may still change
         assert sink.recorded_spark_schema() == [("id", "bigint"), ("name", "string")]
         sink.log_store.seal(0, [])
-        with pytest.raises(SchemaMismatchError, match="name \\(string\\) is missing"):
+        with pytest.raises(SchemaMismatchError, match="name \\(string\\) is gone"):
             sink.check_schema(first)
 
 
