@@ -55,6 +55,39 @@ class Evolution:
     problems: tuple[str, ...]
 
 
+_NAMES = {
+    pa.int8(): "tinyint",
+    pa.int16(): "smallint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.float32(): "float",
+    pa.float64(): "double",
+    pa.bool_(): "boolean",
+    pa.string(): "string",
+    pa.large_string(): "string",
+    pa.binary(): "binary",
+    pa.large_binary(): "binary",
+    pa.date32(): "date",
+}
+
+
+def spark_name(t: pa.DataType) -> str:
+    """An Arrow type of the files as Spark names it (``int``, ``bigint``, ``struct<a:int>``), for messages."""
+    if t in _NAMES:
+        return _NAMES[t]
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
+    if pa.types.is_struct(t):
+        return "struct<" + ",".join(f"{f.name}:{spark_name(f.type)}" for f in t) + ">"
+    if _lists(t):
+        return f"array<{spark_name(t.value_type)}>"
+    if pa.types.is_map(t):
+        return f"map<{spark_name(t.key_type)},{spark_name(t.item_type)}>"
+    return str(t)
+
+
 def widens(old: pa.DataType, new: pa.DataType) -> bool:
     """Whether every value of ``old`` is a value of ``new`` unchanged, and the change is one the sink takes."""
     if old in _INTS and new in _INTS:
@@ -99,15 +132,16 @@ def _fields(
     added = [f for f in new if f.name not in before]
     for f in gone:
         alike = [a.name for a in added if conformable(a.type, f.type)]
+        shown = spark_name(f.type)
         if alike:
             problems.append(
-                f"{prefix}{f.name} ({f.type}) is gone and {prefix}{alike[0]} of the same type is new: this looks like "
+                f"{prefix}{f.name} ({shown}) is gone and {prefix}{alike[0]} of the same type is new: this looks like "
                 "a rename, which the sink takes as a removed column plus a new one, and a removed column is refused. "
                 f"Keep the old name (alias {alike[0]} as {f.name} in the query), or write to a new sink"
             )
         else:
             problems.append(
-                f"{prefix}{f.name} ({f.type}) is gone: a removed column or field is refused. Keep it in the query "
+                f"{prefix}{f.name} ({shown}) is gone: a removed column or field is refused. Keep it in the query "
                 + (
                     "(as a null of its type: lit(None).cast(...)), or let the sink fill missing columns with nulls "
                     "(fill_missing_columns=True)"
@@ -119,14 +153,15 @@ def _fields(
     for field in new:
         path = f"{prefix}{field.name}"
         if field.name not in before:
-            changes.append(Change(path, "added", None, str(field.type)))
+            changes.append(Change(path, "added", None, spark_name(field.type)))
             merged.append(field)
             continue
         recorded = before[field.name]
         if field.name in fixed and not conformable(field.type, recorded.type):
             problems.append(
-                f"{path} changed from {recorded.type} to {field.type}, and it is a key or partition column, whose "
-                "type a sink keeps for life (its values decide where rows go). Cast it back in the query"
+                f"{path} changed from {spark_name(recorded.type)} to {spark_name(field.type)}, and it is a key or "
+                "partition column, whose type a sink keeps for life (its values decide where rows go). Cast it back "
+                "in the query"
             )
             merged.append(recorded)
             continue
@@ -139,7 +174,7 @@ def _type(old: pa.DataType, new: pa.DataType, path: str, changes: list[Change], 
     if conformable(new, old):
         return old
     if widens(old, new):
-        changes.append(Change(path, "widened", str(old), str(new)))
+        changes.append(Change(path, "widened", spark_name(old), spark_name(new)))
         return new
     if pa.types.is_struct(old) and pa.types.is_struct(new):
         fields = _fields(list(old), list(new), f"{path}.", changes, problems)
@@ -153,25 +188,29 @@ def _type(old: pa.DataType, new: pa.DataType, path: str, changes: list[Change], 
         )
     if pa.types.is_map(old) and pa.types.is_map(new):
         if not conformable(new.key_type, old.key_type):
-            problems.append(f"{path}.key changed from {old.key_type} to {new.key_type}: a map's key type is kept")
+            problems.append(
+                f"{path}.key changed from {spark_name(old.key_type)} to {spark_name(new.key_type)}: a map's key "
+                "type is kept for life"
+            )
             return old
         item = _type(old.item_type, new.item_type, f"{path}.value", changes, problems)
         return pa.map_(old.key_field, old.item_field.with_type(item), old.keys_sorted)
+    was, now = spark_name(old), spark_name(new)
     if _narrows(old, new):
         problems.append(
-            f"{path} narrowed from {old} to {new}: values already written may not fit. Cast it back to {old} in the "
+            f"{path} narrowed from {was} to {now}: values already written may not fit. Cast it back to {was} in the "
             "query"
         )
     elif pa.types.is_date(old) and pa.types.is_timestamp(new):
         problems.append(
-            f"{path} changed from {old} to {new}: a date is not widened to a timestamp (Spark's own writer does not "
+            f"{path} changed from {was} to {now}: a date is not widened to a timestamp (Spark's own writer does not "
             f"do it either). Cast it back to a date in the query, or write the timestamp as a new column"
         )
     else:
         problems.append(
-            f"{path} changed from {old} to {new}, which is not a widening the sink takes (new nullable columns and "
+            f"{path} changed from {was} to {now}, which is not a widening the sink takes (new nullable columns and "
             "fields, tinyint to smallint to int to bigint, float to double, a decimal's precision up at the same "
-            f"scale). Cast it back to {old} in the query, or write it as a new column"
+            f"scale). Cast it back to {was} in the query, or write it as a new column"
         )
     return old
 

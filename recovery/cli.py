@@ -31,7 +31,7 @@ from filesink import s3options
 from filesink.argparsing import Parser, catalog_property
 from filesink.destination import Destination, TableFormat, open_destination, table_options
 from filesink.errors import COMMAND_ERRORS, EXIT_OK, LogStoreMovedError, SinkLockedError, report
-from filesink.ledger import Ledger, PlannedFile
+from filesink.ledger import Ledger, PlannedFile, SchemaVersion
 from filesink.lock import StateLock, lock_holder
 from filesink.output import OutputLocation, records
 from filesink.output.claim import CLAIM_NAME, check_claim, move_claim, read_claim
@@ -261,6 +261,7 @@ def status(
         "truncate_points": {str(v): e for v, e in points.items()},
         "backlog": {"epochs": held.epochs, "rows": held.rows, "bytes": held.bytes},
         "pending_files": [_file_json(f) for f in sink.ledger.pending()],
+        "schema_history": [_schema_json(v) for v in sink.ledger.schema_history()],
     }
     if destination is not None:
         result["destination"] = destination_status(destination)
@@ -354,6 +355,37 @@ def _plan_json(plan: RecoveryPlan) -> dict[str, Any]:
     }
 
 
+def _schema_json(v: SchemaVersion) -> dict[str, Any]:
+    return {
+        "version": v.version,
+        "first_epoch": v.first_epoch,
+        "columns": [[name, kind] for name, kind in json.loads(v.spark_schema)],
+        "changes": list(v.changes),
+    }
+
+
+def _print_schema_history(history: list[dict[str, Any]]) -> None:
+    if not history:
+        print("\nschema: none yet (recorded with the first batch)")
+        return
+    latest = history[-1]
+    columns = ", ".join(f"{name} {kind}" for name, kind in latest["columns"])
+    print(f"\nschema: version {latest['version']}, from epoch {latest['first_epoch']}: {columns}")
+    if len(history) > 1:
+        print(
+            _table(
+                ["version", "from epoch", "changes"],
+                [(v["version"], v["first_epoch"], _changes_shown(v)) for v in history],
+            )
+        )
+
+
+def _changes_shown(v: dict[str, Any]) -> str:
+    if v["version"] == 1:
+        return "(the first schema)"
+    return "; ".join(v["changes"]) or "the columns' order changed"
+
+
 def _print_status(s: dict[str, Any]) -> None:
     print(f"sink {s['sink_id']}")
     for key in ("output", "log_store", "vnodes", "key_columns", "partition_by", "last_sealed_epoch"):
@@ -365,6 +397,7 @@ def _print_status(s: dict[str, Any]) -> None:
     print(f"  writer term: {s['writer_term']}")
     if "destination" in s:
         _print_destination(s["destination"])
+    _print_schema_history(s["schema_history"])
     by_epoch: dict[int, list[int]] = {}
     for v, e in s["truncate_points"].items():
         by_epoch.setdefault(e, []).append(int(v))

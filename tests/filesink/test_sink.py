@@ -129,7 +129,7 @@ def test_schema_change_fails_before_anything_is_written(spark, tmp_path):
     changed = spark.createDataFrame([(1, "x", 2.0)], "id long, user_id string, extra double")
     with pytest.raises(
         SchemaMismatchError,
-        match=r"event_date \(string\) is gone.*user_id changed from int64 to string.*Nothing of this batch",
+        match=r"event_date \(string\) is gone.*user_id changed from bigint to string.*Nothing of this batch",
     ):
         sink(changed, 1)
     assert sink.log_store.last_sealed_epoch == 0
