@@ -400,15 +400,23 @@ class Ledger:
         return [r[0] for r in self.db.execute("SELECT name FROM sink_files WHERE state = 'pending' ORDER BY name")]
 
     @db_errors("record the schema")
-    def record_schema(self, spark_schema: str, spark_type: str | None, first_epoch: int) -> None:
-        """Record the sink's first schema (version 1), or replace it while no rows were sealed under it."""
+    def record_schema(
+        self,
+        spark_schema: str,
+        arrow_schema: bytes | None = None,
+        *,
+        spark_type: str | None = None,
+        first_epoch: int = 0,
+    ) -> None:
+        """Record the sink's first schema (version 1), or replace it while nothing was sealed under it; the files'
+        Arrow schema is taken from the first segment later unless given."""
         with self.db.atomic():
-            self.db.execute("UPDATE sink_config SET spark_schema = ?, arrow_schema = NULL", (spark_schema,))
+            self.db.execute("UPDATE sink_config SET spark_schema = ?, arrow_schema = ?", (spark_schema, arrow_schema))
             self.db.execute("DELETE FROM schema_versions")
             self.db.execute(
-                "INSERT INTO schema_versions (version, first_epoch, spark_schema, spark_type, recorded_at) "
-                "VALUES (1, ?, ?, ?, datetime('now'))",
-                (first_epoch, spark_schema, spark_type),
+                "INSERT INTO schema_versions (version, first_epoch, spark_schema, spark_type, arrow_schema, "
+                "recorded_at) VALUES (1, ?, ?, ?, ?, datetime('now'))",
+                (first_epoch, spark_schema, spark_type, arrow_schema),
             )
         self._write_home_record()
 

@@ -57,7 +57,9 @@ def check_batch_schema(
     first = epoch if epoch is not None else last_sealed + 1
     if not history or last_sealed == NOTHING:
         if not history or history[-1].spark_schema != current or len(history) > 1:
-            ledger.record_schema(current, schema.json(), first)  # nothing sealed yet: the schema may still change
+            ledger.record_schema(
+                current, spark_type=schema.json(), first_epoch=first
+            )  # nothing sealed yet: the schema may still change
         return None
     established = [v for v in history if v.first_epoch <= last_sealed] or history[:1]
     if len(established) < len(history) and current != history[-1].spark_schema:
