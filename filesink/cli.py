@@ -182,6 +182,12 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
         "which are then written again (refused without it)",
     )
     run.add_argument(
+        "--fill-missing-columns",
+        action="store_true",
+        help="a batch without some of the sink's columns gets them as nulls of their recorded types (refused "
+        "without it; see docs/schema-evolution.md)",
+    )
+    run.add_argument(
         "--single-driver",
         action="store_true",
         help="go on where the log store's S3 server has no conditional create (ignores or refuses PUT with "
@@ -363,6 +369,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         accept_state_loss=args.accept_state_loss,
         accept_duplicates=args.accept_duplicates,
         single_driver=args.single_driver,
+        fill_missing_columns=args.fill_missing_columns,
         remote=args.remote,
         table_format=args.table_format,
         table=args.table,

@@ -42,6 +42,8 @@ class RunConfig:
     accept_state_loss: bool = False
     accept_duplicates: bool = False
     """``--accept-duplicates``: with ``--accept-state-loss``, batch 0 may write to an output that holds rows."""
+    fill_missing_columns: bool = False
+    """``--fill-missing-columns``: a batch without some of the sink's columns gets them as nulls."""
     single_driver: bool = False
     """``--single-driver``: go on where the log store's location has no conditional create (``docs/recovery.md``)."""
     remote: str | None = None
@@ -75,6 +77,7 @@ def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetS
         accept_state_loss=config.accept_state_loss,
         accept_duplicates=config.accept_duplicates,
         single_driver=config.single_driver,
+        fill_missing_columns=config.fill_missing_columns,
         key_columns=config.keys or None,
         partition_by=config.partition_by or None,
         parallelism=config.parallelism,

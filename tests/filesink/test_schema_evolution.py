@@ -55,6 +55,9 @@ def test_a_restarted_query_adds_a_column_a_field_and_widens_a_type_while_old_row
         cast_options=pl.ScanCastOptions(integer_cast="upcast", missing_struct_fields="insert"),
     ).collect()
     assert _rows(polars.to_arrow()) == expected()
+    newest = "id bigint, n bigint, p struct<x:int,y:string>, extra string"  # mergeSchema refuses int with bigint
+    spark_rows = spark.read.schema(newest).parquet(str(output)).collect()
+    assert Counter((r.id, r.n, r.p.x, r.p.y, r.extra) for r in spark_rows) == expected()
 
     with open_sink(str(state), str(output)) as sink:
         history = sink.ledger.schema_history()
