@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -55,6 +56,10 @@ def test_a_restarted_query_adds_a_column_a_field_and_widens_a_type_while_old_row
         cast_options=pl.ScanCastOptions(integer_cast="upcast", missing_struct_fields="insert"),
     ).collect()
     assert _rows(polars.to_arrow()) == expected()
+    con = duckdb.connect()
+    glob = str(output / "*.parquet")
+    duck = con.execute(f"SELECT id, n, p.x, p.y, extra FROM read_parquet('{glob}', union_by_name = true)").fetchall()
+    assert Counter(duck) == expected()
     newest = "id bigint, n bigint, p struct<x:int,y:string>, extra string"  # mergeSchema refuses int with bigint
     spark_rows = spark.read.schema(newest).parquet(str(output)).collect()
     assert Counter((r.id, r.n, r.p.x, r.p.y, r.extra) for r in spark_rows) == expected()
