@@ -252,6 +252,8 @@ def upgrade(batch: pa.RecordBatch, schema: pa.Schema, *, keep: tuple[str, ...] =
     arrays = []
     for field in schema:
         if field.name not in names:
+            if not field.nullable and batch.num_rows:
+                return None
             arrays.append(pa.nulls(batch.num_rows, field.type))
             continue
         column = batch.column(field.name)
@@ -259,6 +261,8 @@ def upgrade(batch: pa.RecordBatch, schema: pa.Schema, *, keep: tuple[str, ...] =
             if not upgradable(column.type, field.type):
                 return None
             column = column.cast(field.type)
+        if not field.nullable and column.null_count:
+            return None
         arrays.append(column)
     fields = list(schema)
     for name in keep:

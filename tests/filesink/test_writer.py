@@ -504,14 +504,13 @@ def test_object_keys_lists_the_written_objects_only(log, output):
     ("schema", "column"),
     [
         (SCHEMA.set(0, pa.field("id", pa.int32())), "id"),
-        (SCHEMA.append(pa.field("extra", pa.string())), "extra"),
         (SCHEMA.remove(3), "payload"),
         (
             SCHEMA.set(3, pa.field("payload", pa.string(), nullable=False)).set(1, pa.field("p", pa.string(), False)),
             "p",
         ),
     ],
-    ids=["type", "missing-in-log", "extra-in-log", "nulls-in-not-null"],
+    ids=["narrower-type", "extra-in-log", "nulls-in-not-null"],
 )
 def test_schema_mismatch_names_the_column(log, tmp_path, schema, column):
     store, plan = log
@@ -519,6 +518,20 @@ def test_schema_mismatch_names_the_column(log, tmp_path, schema, column):
     with pytest.raises(FileWriteError, match=f"file {NAME}: .*column '{column}'"):
         write_file(output, task_for(store, plan, schema_bytes=schema.serialize().to_pybytes()))
     assert listed(output) == {} and staging_files(output) == []
+
+
+def test_rows_of_an_older_schema_are_written_under_the_task_schema(log, tmp_path):
+    """A column the log's rows lack (a newer schema version, filesink.evolution) is written as nulls."""
+    store, plan = log
+    schema = SCHEMA.append(pa.field("extra", pa.string()))
+    before, after = OutputLocation(str(tmp_path / "before")), OutputLocation(str(tmp_path / "after"))
+    [plain] = write_file(before, task_for(store, plan))
+    [evolved] = write_file(after, task_for(store, plan, schema_bytes=schema.serialize().to_pybytes()))
+    old = pq.read_table(before.local_root() / plain.key)
+    new = pq.read_table(after.local_root() / evolved.key)
+    assert new.schema.names == [*SCHEMA.names, "extra"] and new.num_rows == old.num_rows > 0
+    assert new.column("extra").null_count == new.num_rows
+    assert new.drop_columns(["extra"]).equals(old)
 
 
 def test_nullability_and_metadata_come_from_the_task_schema(log, tmp_path):

@@ -84,6 +84,20 @@ def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
         sink.ledger.record_schema("[]", file_schema_bytes(descriptor.schema_bytes))
 
 
+def append_evolving(sink, epoch: int, table: pa.Table, spark_schema) -> None:
+    """What the sink's ``__call__`` does for a batch whose schema may differ from the sink's, without Spark: the
+    schema check with the Spark ``spark_schema`` (a new version is recorded after the append, before the seal), the
+    append of ``table`` (vnode = id % V) and the seal."""
+    from logstore import VNODE_COLUMN
+
+    version = sink._check_schema(spark_schema, epoch)
+    vnodes = pa.array([i % sink.vnodes for i in table["id"].to_pylist()], pa.int32())
+    descriptor = sink.log_store.append(epoch, table.append_column(VNODE_COLUMN, vnodes), writer_id="test")
+    if version is not None:
+        sink._record_version(version, [descriptor])
+    sink.log_store.seal(epoch, [descriptor])
+
+
 STREAM_SCHEMA = "id long, user_id long, event_date string, amount double"
 
 
