@@ -115,3 +115,20 @@ def test_duckdb_reads_exactly_the_rows_of_a_partitioned_table(tmp_path, table_fo
     for day, answer in zip(days, by_day, strict=True):
         assert Counter(tuple(row) for row in answer["rows"]) == Counter(r for r in expected.elements() if r[2] == day)
         assert answer["files_read"] == files[f"event_date={day}"], f"the filter on {day} read other partitions"
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_duckdb_reads_a_table_whose_schema_evolved(tmp_path, table_format, duckdb_python):
+    """New columns and struct fields (and on Iceberg a widened type) while older rows were held: DuckDB reads the
+    newest schema, older rows with nulls and widened values."""
+    pytest.importorskip("deltalake" if table_format == "delta" else "pyiceberg")
+    from evolve_tables import write_evolving
+
+    widen = table_format == "iceberg"
+    expected = write_evolving(tmp_path, table_format, widen)
+    location, _ = _location(tmp_path / "table", table_format)
+    [answer] = _read(duckdb_python, [{"format": table_format, "location": location}])
+    assert answer["columns"] == ["id", "n", "p", "extra"]
+    assert answer["types"][:2] == ["BIGINT", "BIGINT" if widen else "INTEGER"]
+    got = Counter((r[0], r[1], r[2]["x"], r[2]["y"], r[3]) for r in answer["rows"])
+    assert got == expected
