@@ -89,7 +89,7 @@ def test_a_commit_that_did_not_land_is_made_once_by_the_next_start(tmp_path, mon
     def refuse(self, *args, **kwargs):
         raise OSError("the table's store refused the log entry")
 
-    monkeypatch.setattr(deltalake.DeltaTable, "create_write_transaction", refuse)
+    monkeypatch.setattr(delta.DeltaLog, "put", refuse)
     with pytest.raises(TableCommitFailedError, match="did not land"):
         sink.flush()
     monkeypatch.undo()

@@ -1,0 +1,265 @@
+"""A Delta table's log, read and appended to without delta-rs's snapshot: what a commit of the sink needs to know
+(the newest version, the application transactions, the protocol and the metadata), never the table's file list.
+
+delta-rs (1.6) materializes every active file of a table in each snapshot it holds, and a commit through it
+advances that snapshot, so its commits and its table opening grow with the files in the table. The sink needs
+far less: per vnode, its application transaction's version. :class:`DeltaLog` keeps only that:
+
+- **Reading** (:meth:`DeltaLog.load`): ``_delta_log/_last_checkpoint`` names the newest checkpoint; its Parquet
+  file(s) are read for the ``txn``, ``protocol`` and ``metaData`` columns only, then the JSON entries after it,
+  one version after the other until the next is absent. Without ``_last_checkpoint`` the log is listed for the
+  newest checkpoint (none: the entries from version 0). :meth:`DeltaLog.refresh` reads the entries after the
+  newest one read.
+- **Writing** (:meth:`DeltaLog.put`): a commit is the newline-delimited JSON entry ``<version %020d>.json``,
+  created only if absent (local disk: a hard link of a fsynced temp file; S3: a PUT with ``If-None-Match: *``), as
+  the Delta protocol requires of every writer. Who loses the race for a version reads the winner and decides
+  (:class:`filesink.destination.delta.DeltaDestination`).
+- **What is honoured** (:func:`unsupported`): the tables delta-rs creates for the sink (reader 1 / writer 2, or
+  reader 3 / writer 7 with ``timestampNtz``), and ``appendOnly``, which an append honours. A table with anything
+  else a writer must do (column invariants, check constraints, generated or identity columns, column mapping, row
+  tracking, change data feed, deletion vectors, in-commit timestamps, ...) is committed to through delta-rs.
+
+Checkpoints and log clean-up stay delta-rs's (``DeltaTable.create_checkpoint``, ``cleanup_metadata``): the sink
+runs them every ``delta.checkpointInterval`` versions (:meth:`filesink.destination.delta.DeltaDestination.maintain`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from logstore.storage import LocalStorage, LogLocation, PutAnswer, Storage
+
+LOG_DIR = "_delta_log"
+LAST_CHECKPOINT = "_last_checkpoint"
+READER_FEATURES = frozenset({"timestampNtz"})
+"""Reader features whose tables this reader reads right (a timestamp without zone changes nothing in the log)."""
+WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
+"""Writer features this writer honours: ``appendOnly`` (it only adds files), ``invariants`` (only while no column
+has one), ``timestampNtz``."""
+PATH_SAFE = "/!$&'()+,-.:;=@_~"
+"""The characters an ``add`` path keeps as they are; every other is percent-encoded (UTF-8), as delta-rs encodes
+the paths it is given (the protocol's paths are URIs)."""
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+_ENTRY = re.compile(r"^(\d{20})\.json$")
+
+
+class UnsupportedLogError(Exception):
+    """The log has something this reader does not read (a V2 checkpoint, a log whose first entries are gone
+    without a checkpoint): the table is read and committed to through delta-rs."""
+
+
+def entry_name(version: int) -> str:
+    return f"{version:020d}.json"
+
+
+def add_path(key: str) -> str:
+    """An object's key under the table's root as an ``add`` action's path (a relative URI)."""
+    return quote(key, safe=PATH_SAFE)
+
+
+@dataclass
+class LogState:
+    """What the sink knows of a Delta table's log: read up to ``version``."""
+
+    version: int
+    checkpoint: int | None = None
+    """The version of the newest checkpoint known (None: none)."""
+    txns: dict[str, int] = field(default_factory=dict)
+    """Per application id, the version of its newest transaction."""
+    protocol: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata_at: int = 0
+    """The version whose ``metaData`` action :attr:`metadata` is."""
+
+    def apply(self, version: int, actions: Iterable[Mapping[str, Any]]) -> None:
+        """The actions of the entry at ``version`` (the next one after :attr:`version`)."""
+        for action in actions:
+            if "txn" in action:
+                self.txns[str(action["txn"]["appId"])] = int(action["txn"]["version"])
+            elif "protocol" in action:
+                self.protocol = dict(action["protocol"])
+            elif "metaData" in action:
+                self.metadata = dict(action["metaData"])
+                self.metadata_at = version
+        self.version = version
+
+    @property
+    def configuration(self) -> dict[str, str]:
+        return dict(self.metadata.get("configuration") or {})
+
+    @property
+    def partition_columns(self) -> list[str]:
+        return list(self.metadata.get("partitionColumns") or [])
+
+
+def _has_invariants(schema: Any) -> bool:
+    """Whether a Delta schema (parsed ``schemaString``) has a column with an invariant, at any depth."""
+    if isinstance(schema, dict):
+        if "delta.invariants" in (schema.get("metadata") or {}):
+            return True
+        return any(_has_invariants(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_has_invariants(v) for v in schema)
+    return False
+
+
+def unsupported_reader(state: LogState) -> str | None:
+    """Why this reader cannot read the table's log right (None: it can)."""
+    reader = int(state.protocol.get("minReaderVersion", 1))
+    features = set(state.protocol.get("readerFeatures") or ())
+    if reader <= 1 or (reader == 3 and features <= READER_FEATURES):
+        return None
+    return f"reader version {reader}" + (f" with features {sorted(features)}" if features else "")
+
+
+def unsupported(state: LogState) -> str | None:
+    """Why this writer cannot commit to the table as the protocol requires (None: it can)."""
+    reason = unsupported_reader(state)
+    if reason is not None:
+        return reason
+    writer = int(state.protocol.get("minWriterVersion", 2))
+    features = set(state.protocol.get("writerFeatures") or ())
+    if writer > 2 and not (writer == 7 and features <= WRITER_FEATURES):
+        return f"writer version {writer}" + (f" with features {sorted(features)}" if features else "")
+    schema = state.metadata.get("schemaString")
+    if schema and _has_invariants(json.loads(schema)):
+        return "a column with an invariant (delta.invariants), which this writer does not check"
+    return None
+
+
+def _rows(value: Any) -> dict[str, Any]:
+    """A map column's value as pyarrow gives it (a list of pairs) as a dict."""
+    if isinstance(value, list):
+        return {k: v for k, v in value}
+    return dict(value or {})
+
+
+class DeltaLog:
+    """The ``_delta_log`` directory of the table at ``url`` (a local path or an fsspec URL, with the sink's
+    storage options)."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
+        self.storage: Storage = LogLocation(f"{url.rstrip('/')}/{LOG_DIR}", dict(storage_options)).open()
+
+    def display(self, name: str) -> str:
+        return self.storage.display(name)
+
+    def read_entry(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions of the entry at ``version``; None if there is none."""
+        try:
+            data = self.storage.read_all(entry_name(version))
+        except FileNotFoundError:
+            return None
+        return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+    def refresh(self, state: LogState) -> list[tuple[int, list[dict[str, Any]]]]:
+        """Read the entries after ``state.version`` into ``state``, until the next is absent; return them."""
+        read = []
+        while True:
+            actions = self.read_entry(state.version + 1)
+            if actions is None:
+                return read
+            state.apply(state.version + 1, actions)
+            read.append((state.version, actions))
+
+    def put(self, version: int, body: bytes) -> PutAnswer:
+        """Create the entry at ``version`` only if absent: CREATED, EXISTS (another commit has the version), or
+        REFUSED (the store has no conditional create: an S3 server that refuses ``If-None-Match``, or neither local
+        disk nor S3)."""
+        return self.storage.conditional_put(entry_name(version), body).answer
+
+    def load(self) -> LogState | None:
+        """The log's state at its newest version; None if the table has no log."""
+        start = self._last_checkpoint()
+        if start is None:
+            start = self._newest_checkpoint()
+        if start is not None:
+            state = self._read_checkpoint(*start)
+        else:
+            first = self.read_entry(0)
+            if first is None:
+                if next(self._names(), None) is not None:
+                    raise UnsupportedLogError(
+                        f"{self.display('')} has neither a checkpoint nor its first entry ({entry_name(0)})"
+                    )
+                return None
+            state = LogState(-1)
+            state.apply(0, first)
+        self.refresh(state)
+        return state
+
+    def _names(self) -> Iterable[str]:
+        for relpath, _ in self.storage.list_files():
+            if "/" not in relpath:
+                yield relpath
+
+    def _last_checkpoint(self) -> tuple[int, int | None] | None:
+        try:
+            hint = json.loads(self.storage.read_all(LAST_CHECKPOINT))
+        except FileNotFoundError:
+            return None
+        if "v2Checkpoint" in hint:
+            raise UnsupportedLogError(f"{self.display(LAST_CHECKPOINT)} names a V2 checkpoint")
+        parts = hint.get("parts")
+        return int(hint["version"]), int(parts) if parts else None
+
+    def _newest_checkpoint(self) -> tuple[int, int | None] | None:
+        """The newest complete checkpoint, from a listing of the log (when ``_last_checkpoint`` is missing)."""
+        seen: dict[int, set[int]] = {}
+        totals: dict[int, int | None] = {}
+        for name in self._names():
+            m = _CHECKPOINT.match(name)
+            if m is None:
+                continue
+            version = int(m.group(1))
+            totals[version] = int(m.group(3)) if m.group(3) else None
+            seen.setdefault(version, set()).add(int(m.group(2) or 1))
+        complete = [v for v, parts in seen.items() if len(parts) == (totals[v] or 1)]
+        return (max(complete), totals[max(complete)]) if complete else None
+
+    def _read_checkpoint(self, version: int, parts: int | None) -> LogState:
+        if parts:
+            names = [f"{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)]
+        else:
+            names = [f"{version:020d}.checkpoint.parquet"]
+        state = LogState(version, checkpoint=version, metadata_at=version)
+        for name in names:
+            for column, rows in self._columns(name, ("txn", "protocol", "metaData")).items():
+                for row in rows:
+                    if row is None:
+                        continue
+                    if column == "txn":
+                        state.txns[str(row["appId"])] = int(row["version"])
+                    elif column == "protocol":
+                        state.protocol = {k: v for k, v in row.items() if v is not None}
+                    else:
+                        state.metadata = dict(row)
+                        state.metadata["configuration"] = _rows(row.get("configuration"))
+        if not state.metadata or not state.protocol:
+            raise UnsupportedLogError(f"{self.display(names[0])} holds no metaData or protocol action")
+        return state
+
+    def _columns(self, name: str, columns: Sequence[str]) -> dict[str, list[Any]]:
+        """Some top-level columns of a checkpoint file, read alone (the ``add`` column, the table's file list, is
+        never decoded)."""
+        source: Any
+        if isinstance(self.storage, LocalStorage):
+            source = str(self.storage.root / name)
+        else:
+            source = io.BytesIO(self.storage.read_all(name))
+        try:
+            file = pq.ParquetFile(source)
+        except FileNotFoundError as e:
+            raise UnsupportedLogError(f"the checkpoint {self.display(name)} is missing") from e
+        present = [c for c in columns if c in file.schema_arrow.names]
+        table = file.read(columns=present)
+        return {c: table[c].filter(pc.is_valid(table[c])).to_pylist() for c in present}
