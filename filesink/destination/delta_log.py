@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,14 @@ PATH_SAFE = "/!$&'()+,-.:;=@_~"
 the paths it is given (the protocol's paths are URIs)."""
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _ENTRY = re.compile(r"^(\d{20})\.json$")
+
+
+LOAD_ATTEMPTS = 5
+"""Times the log is listed and read again when an entry listed was removed (a clean-up) before it was read."""
+
+
+class _Moved(Exception):
+    """An entry listed was gone when read: a clean-up after a newer checkpoint; list again."""
 
 
 class UnsupportedLogError(Exception):
@@ -162,7 +171,24 @@ class DeltaLog:
         return [json.loads(line) for line in data.splitlines() if line.strip()]
 
     def refresh(self, state: LogState) -> list[tuple[int, list[dict[str, Any]]]]:
-        """Read the entries after ``state.version`` into ``state``, until the next is absent; return them."""
+        """Read the entries after ``state.version`` into ``state``, until the next is absent; return them.
+
+        An absent next entry is the log's end, unless a checkpoint newer than ``state`` exists: the clean-up may
+        have removed entries after ``state`` (older than the log retention, or another writer's shorter
+        retention), so ``_last_checkpoint`` is read, and if it names a newer checkpoint the log is read again from
+        there (:meth:`load`). Without that an idle sink could take a removed version's name for its commit, which
+        no reader would see."""
+        read = self._follow(state)
+        hint = self._last_checkpoint()
+        if hint is not None and hint[0] > state.version:
+            fresh = self.load()
+            if fresh is None:
+                raise UnsupportedLogError(f"{self.display('')} has a checkpoint hint and no entries")
+            read.append((fresh.version, [{"txn": {"appId": k, "version": v}} for k, v in fresh.txns.items()]))
+            state.__dict__.update(fresh.__dict__)
+        return read
+
+    def _follow(self, state: LogState) -> list[tuple[int, list[dict[str, Any]]]]:
         read = []
         while True:
             actions = self.read_entry(state.version + 1)
@@ -178,29 +204,89 @@ class DeltaLog:
         return self.storage.conditional_put(entry_name(version), body).answer
 
     def load(self) -> LogState | None:
-        """The log's state at its newest version; None if the table has no log."""
-        start = self._last_checkpoint()
-        if start is None:
-            start = self._newest_checkpoint()
-        if start is not None:
-            state = self._read_checkpoint(*start)
-        else:
-            first = self.read_entry(0)
-            if first is None:
-                if next(self._names(), None) is not None:
+        """The log's state at its newest version; None if the table has no log.
+
+        ``_last_checkpoint`` is a hint: the log is listed from its version (S3: the names after it only) for a
+        newer checkpoint and the entries after the newest, which must follow it without a gap."""
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                return self._load()
+            except _Moved:
+                if attempt + 1 == LOAD_ATTEMPTS:
                     raise UnsupportedLogError(
-                        f"{self.display('')} has neither a checkpoint nor its first entry ({entry_name(0)})"
-                    )
-                return None
+                        f"{self.display('')}: entries listed were removed before they were read, {LOAD_ATTEMPTS} "
+                        "times in a row"
+                    ) from None
+        return None  # not reached
+
+    def _load(self) -> LogState | None:
+        hint = self._last_checkpoint()
+        since = hint[0] if hint is not None else None
+        checkpoints: dict[int, tuple[int | None, set[int]]] = {}
+        commits: list[int] = []
+        for name in self._listed(since):
+            m = _CHECKPOINT.match(name)
+            if m is not None:
+                total = int(m.group(3)) if m.group(3) else None
+                checkpoints.setdefault(int(m.group(1)), (total, set()))[1].add(int(m.group(2) or 1))
+                continue
+            m = _ENTRY.match(name)
+            if m is not None:
+                commits.append(int(m.group(1)))
+        complete = [v for v, (total, parts) in checkpoints.items() if len(parts) == (total or 1)]
+        if since is not None:
+            complete = [v for v in complete if v >= since]
+        if complete:
+            newest = max(complete)
+            state = self._read_checkpoint(newest, checkpoints[newest][0])
+        elif since is not None:
+            raise UnsupportedLogError(f"{self.display(LAST_CHECKPOINT)} names checkpoint {since}, which is missing")
+        elif not commits:
+            return None
+        elif min(commits) != 0:
+            raise UnsupportedLogError(f"{self.display('')} has neither a checkpoint nor its first entry")
+        else:
             state = LogState(-1)
-            state.apply(0, first)
-        self.refresh(state)
+        after = sorted(v for v in commits if v > state.version)
+        if after != list(range(state.version + 1, state.version + 1 + len(after))):
+            raise UnsupportedLogError(f"{self.display('')} has a gap in its entries after version {state.version}")
+        for version in after:
+            actions = self.read_entry(version)
+            if actions is None:
+                raise _Moved
+            state.apply(version, actions)
+        self._follow(state)
         return state
 
-    def _names(self) -> Iterable[str]:
-        for relpath, _ in self.storage.list_files():
-            if "/" not in relpath:
-                yield relpath
+    def _listed(self, since: int | None) -> list[str]:
+        """The names in the log directory (from version ``since`` on where the store can list from a name)."""
+        start = f"{since:020d}" if since is not None else ""
+        if isinstance(self.storage, LocalStorage):
+            try:
+                names = os.listdir(self.storage.root)
+            except FileNotFoundError:
+                return []
+            return [n for n in names if n >= start]
+        fs, root = self.storage.fs, self.storage.root  # type: ignore[attr-defined]
+        if getattr(self.storage, "_is_s3", False):
+            bucket, key, _ = fs.split_path(root)
+            prefix = f"{key}/"
+            found: list[str] = []
+            token: str | None = None
+            while True:
+                kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "StartAfter": prefix + start}
+                if token:
+                    kwargs["ContinuationToken"] = token
+                page = fs.call_s3("list_objects_v2", **kwargs)
+                found += [str(o["Key"])[len(prefix) :] for o in page.get("Contents", [])]
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    return [n for n in found if "/" not in n]
+        try:
+            paths = fs.ls(root, detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        return [n for n in (str(p).rsplit("/", 1)[-1] for p in paths) if n >= start]
 
     def _last_checkpoint(self) -> tuple[int, int | None] | None:
         try:
@@ -211,20 +297,6 @@ class DeltaLog:
             raise UnsupportedLogError(f"{self.display(LAST_CHECKPOINT)} names a V2 checkpoint")
         parts = hint.get("parts")
         return int(hint["version"]), int(parts) if parts else None
-
-    def _newest_checkpoint(self) -> tuple[int, int | None] | None:
-        """The newest complete checkpoint, from a listing of the log (when ``_last_checkpoint`` is missing)."""
-        seen: dict[int, set[int]] = {}
-        totals: dict[int, int | None] = {}
-        for name in self._names():
-            m = _CHECKPOINT.match(name)
-            if m is None:
-                continue
-            version = int(m.group(1))
-            totals[version] = int(m.group(3)) if m.group(3) else None
-            seen.setdefault(version, set()).add(int(m.group(2) or 1))
-        complete = [v for v, parts in seen.items() if len(parts) == (totals[v] or 1)]
-        return (max(complete), totals[max(complete)]) if complete else None
 
     def _read_checkpoint(self, version: int, parts: int | None) -> LogState:
         if parts:
@@ -251,15 +323,13 @@ class DeltaLog:
     def _columns(self, name: str, columns: Sequence[str]) -> dict[str, list[Any]]:
         """Some top-level columns of a checkpoint file, read alone (the ``add`` column, the table's file list, is
         never decoded)."""
-        source: Any
-        if isinstance(self.storage, LocalStorage):
-            source = str(self.storage.root / name)
-        else:
-            source = io.BytesIO(self.storage.read_all(name))
         try:
-            file = pq.ParquetFile(source)
-        except FileNotFoundError as e:
-            raise UnsupportedLogError(f"the checkpoint {self.display(name)} is missing") from e
+            if isinstance(self.storage, LocalStorage):
+                file = pq.ParquetFile(str(self.storage.root / name))
+            else:
+                file = pq.ParquetFile(io.BytesIO(self.storage.read_all(name)))
+        except FileNotFoundError:
+            raise _Moved from None  # a clean-up after a newer checkpoint removed it: list again
         present = [c for c in columns if c in file.schema_arrow.names]
         table = file.read(columns=present)
         return {c: table[c].filter(pc.is_valid(table[c])).to_pylist() for c in present}

@@ -264,3 +264,61 @@ def test_a_table_with_a_writer_feature_the_sink_does_not_honour_is_committed_thr
     assert deltalake.DeltaTable(str(root)).version() == 2, "the constraint's version, then the commit"
     assert _rows(root) == expected
     assert _polars_rows(root) == expected
+
+
+def _short_history(root: Path) -> None:
+    """A table with a checkpoint every 10 versions and no log retention: each checkpoint's clean-up removes every
+    entry before it (what a 30-day retention does to an idle sink's entries after 30 days)."""
+    deltalake.DeltaTable.create(
+        str(root),
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 0 seconds"},
+    )
+
+
+def test_an_idle_sink_behind_a_checkpoint_and_a_clean_up_commits_after_the_newest_version(tmp_path):
+    """The sink's state is at version 1; another sink then commits past a checkpoint whose clean-up removes
+    version 2 and after. The next entry's name is free again: the sink must not take it (no reader would see it)."""
+    root = tmp_path / "t"
+    _short_history(root)
+    idle = _destination(root)
+    expected = _commit(idle, root, 0)
+    busy = _destination(root, "s2")
+    for epoch in range(1000, 1012):
+        expected += _commit(busy, root, epoch, f"part-s2-{epoch}")
+    log = root / "_delta_log"
+    assert not (log / f"{2:020d}.json").exists(), "the clean-up removed the versions after the idle sink's state"
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 10
+    expected += _commit(idle, root, 1)
+    table = deltalake.DeltaTable(str(root))
+    assert table.version() == 14 and (log / f"{14:020d}.json").exists() and not (log / f"{2:020d}.json").exists()
+    assert {table.transaction_version(f"s1-v{v}") for v in range(VNODES)} == {1}
+    assert _rows(root) == expected
+    assert _polars_rows(root) == expected
+
+
+def test_a_stale_checkpoint_hint_is_passed_by_from_the_listing(tmp_path):
+    """``_last_checkpoint`` names checkpoint 10 (a writer died between its next checkpoint and the hint), the
+    entries before checkpoint 20 are gone: the start lists the log and reads from checkpoint 20."""
+    root = tmp_path / "t"
+    _short_history(root)
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(12):
+        expected += _commit(dest, root, epoch)
+    log = root / "_delta_log"
+    stale = (log / "_last_checkpoint").read_text()
+    assert json.loads(stale)["version"] == 10
+    for epoch in range(12, 22):
+        expected += _commit(dest, root, epoch)
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
+    assert not (log / f"{10:020d}.checkpoint.parquet").exists() and not (log / f"{19:020d}.json").exists()
+    (log / "_last_checkpoint").write_text(stale)
+    fresh = _destination(root)
+    state = fresh._light("read")
+    assert state is not None and fresh.delta_rs is None and (state.checkpoint, state.version) == (20, 22)
+    assert state.txns == {f"s1-v{v}": 21 for v in range(VNODES)}
+    expected += _commit(fresh, root, 22)
+    assert deltalake.DeltaTable(str(root)).version() == 23
+    assert _rows(root) == expected
