@@ -166,6 +166,7 @@ def test_a_table_on_s3(tmp_path, s3_prefix, s3_options):
     sink = _open(tmp_path, out, storage_options=s3_options, partition_by=["event_date"])
     expected = _epochs(sink, range(3))
     sink.flush()
+    assert sink._destination.delta_rs is None, "the sink's own writer commits on S3 (If-None-Match: *)"
     sink.close()
     assert table_rows(out, s3_options) == expected
     import polars as pl

@@ -210,7 +210,8 @@ def test_a_lost_race_to_marks_of_our_vnodes_that_do_not_hold_the_files_is_refuse
 
 def test_start_up_reads_the_last_checkpoint_and_the_entries_after_it(tmp_path):
     """A table with a checkpoint every 10 versions (made by the sink's maintenance) and its old entries cleaned
-    up: a new destination reads the checkpoint's transactions and the entries after it, and agrees with delta-rs."""
+    up (by another writer): a new destination reads the checkpoint's transactions and the entries after it, and
+    agrees with delta-rs."""
     root = tmp_path / "t"
     deltalake.DeltaTable.create(
         str(root),
@@ -224,6 +225,7 @@ def test_start_up_reads_the_last_checkpoint_and_the_entries_after_it(tmp_path):
         expected += _commit(dest, root, epoch)
         if epoch == 12:  # another sink's marks, before the checkpoint at 20 and kept by it
             expected += _commit(_destination(root, "s2"), root, 1000, "part-s2")
+    deltalake.DeltaTable(str(root)).cleanup_metadata()  # another writer's clean-up
     log = root / "_delta_log"
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
     assert (log / f"{20:020d}.checkpoint.parquet").exists()
@@ -267,8 +269,8 @@ def test_a_table_with_a_writer_feature_the_sink_does_not_honour_is_committed_thr
 
 
 def _short_history(root: Path) -> None:
-    """A table with a checkpoint every 10 versions and no log retention: each checkpoint's clean-up removes every
-    entry before it (what a 30-day retention does to an idle sink's entries after 30 days)."""
+    """A table with a checkpoint every 10 versions and no log retention: a clean-up removes every entry before the
+    newest checkpoint (what a 30-day retention does to an idle sink's entries after 30 days)."""
     deltalake.DeltaTable.create(
         str(root),
         schema=SCHEMA,
@@ -287,6 +289,7 @@ def test_an_idle_sink_behind_a_checkpoint_and_a_clean_up_commits_after_the_newes
     busy = _destination(root, "s2")
     for epoch in range(1000, 1012):
         expected += _commit(busy, root, epoch, f"part-s2-{epoch}")
+    deltalake.DeltaTable(str(root)).cleanup_metadata()
     log = root / "_delta_log"
     assert not (log / f"{2:020d}.json").exists(), "the clean-up removed the versions after the idle sink's state"
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == 10
@@ -312,6 +315,7 @@ def test_a_stale_checkpoint_hint_is_passed_by_from_the_listing(tmp_path):
     assert json.loads(stale)["version"] == 10
     for epoch in range(12, 22):
         expected += _commit(dest, root, epoch)
+    deltalake.DeltaTable(str(root)).cleanup_metadata()
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
     assert not (log / f"{10:020d}.checkpoint.parquet").exists() and not (log / f"{19:020d}.json").exists()
     (log / "_last_checkpoint").write_text(stale)
@@ -322,3 +326,30 @@ def test_a_stale_checkpoint_hint_is_passed_by_from_the_listing(tmp_path):
     expected += _commit(fresh, root, 22)
     assert deltalake.DeltaTable(str(root)).version() == 23
     assert _rows(root) == expected
+
+
+def test_the_sink_checkpoints_every_interval_and_cleans_up_every_tenth_checkpoint(tmp_path):
+    root = tmp_path / "t"
+    deltalake.DeltaTable.create(
+        str(root),
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": "2", "delta.logRetentionDuration": "interval 0 seconds"},
+    )
+    dest = _destination(root)
+    log = root / "_delta_log"
+    expected = Counter()
+    for epoch in range(19):
+        expected += _commit(dest, root, epoch)
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 18
+    assert (log / f"{0:020d}.json").exists(), "no clean-up before the 10th checkpoint"
+    expected += _commit(dest, root, 19)  # version 20: the 10th checkpoint, and the clean-up
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
+    assert not (log / f"{0:020d}.json").exists() and not (log / f"{19:020d}.json").exists()
+    assert not (log / f"{18:020d}.checkpoint.parquet").exists()
+    fresh = _destination(root)
+    state = fresh._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (20, 20)
+    assert state.txns == {f"s1-v{v}": 19 for v in range(VNODES)}
+    assert _rows(root) == expected
+    assert _polars_rows(root) == expected
