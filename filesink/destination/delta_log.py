@@ -37,7 +37,7 @@ from urllib.parse import quote
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from logstore.storage import LocalStorage, LogLocation, PutAnswer, Storage
+from logstore.storage import FsspecStorage, LocalStorage, LogLocation, PutAnswer, Storage
 
 LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = "_last_checkpoint"
@@ -189,7 +189,7 @@ class DeltaLog:
         return read
 
     def _follow(self, state: LogState) -> list[tuple[int, list[dict[str, Any]]]]:
-        read = []
+        read: list[tuple[int, list[dict[str, Any]]]] = []
         while True:
             actions = self.read_entry(state.version + 1)
             if actions is None:
@@ -267,8 +267,10 @@ class DeltaLog:
             except FileNotFoundError:
                 return []
             return [n for n in names if n >= start]
-        fs, root = self.storage.fs, self.storage.root  # type: ignore[attr-defined]
-        if getattr(self.storage, "_is_s3", False):
+        if not isinstance(self.storage, FsspecStorage):
+            raise UnsupportedLogError(f"{self.display('')}: a store the sink cannot list")
+        fs, root = self.storage.fs, self.storage.root
+        if self.storage._is_s3:
             bucket, key, _ = fs.split_path(root)
             prefix = f"{key}/"
             found: list[str] = []
