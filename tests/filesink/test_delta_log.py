@@ -353,3 +353,51 @@ def test_the_sink_checkpoints_every_interval_and_cleans_up_every_tenth_checkpoin
     assert state.txns == {f"s1-v{v}": 19 for v in range(VNODES)}
     assert _rows(root) == expected
     assert _polars_rows(root) == expected
+
+
+def test_a_table_on_s3_is_read_from_its_checkpoint_and_the_names_after_it(tmp_path, s3_prefix, s3_options):
+    """On S3 the start lists only the names after the checkpoint's (ListObjectsV2 StartAfter); every entry is a
+    PUT with If-None-Match: *."""
+    from filesink.destination.delta import storage_options
+
+    out = s3_prefix + "/t"
+    delta_options = storage_options(s3_options)
+    deltalake.DeltaTable.create(
+        out,
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": "2"},
+        storage_options=delta_options,
+    )
+    dest = open_destination(
+        table_options("delta"), output=OutputLocation(out, s3_options), sink_id="s1", partition_by=("day",)
+    )
+    assert isinstance(dest, DeltaDestination)
+    staging = tmp_path / "files"
+    expected = Counter()
+    for epoch in range(5):
+        rows = _epoch_rows(epoch)
+        plan, written = _file(staging, f"part-{epoch:05d}", rows, dict.fromkeys(range(VNODES), epoch), epoch)
+        for obj in written[plan.name]:
+            dest._log.storage.fs.put_file(str(staging / obj.key), f"{out}/{obj.key}")
+        dest.make_visible([plan], written, SCHEMA)
+        dest.maintain()
+        expected += Counter(rows)
+    assert dest.delta_rs is None
+    assert dest._log._listed(4) == [
+        f"{4:020d}.checkpoint.parquet",
+        f"{4:020d}.json",
+        f"{5:020d}.json",
+        "_last_checkpoint",
+    ]
+    fresh = open_destination(
+        table_options("delta"), output=OutputLocation(out, s3_options), sink_id="s1", partition_by=("day",)
+    )
+    assert isinstance(fresh, DeltaDestination)
+    state = fresh._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (4, 5)
+    assert state.txns == {f"s1-v{v}": 4 for v in range(VNODES)}
+    table = deltalake.DeltaTable(out, storage_options=delta_options)
+    assert table.version() == 5
+    data = table.to_pyarrow_table(columns=SCHEMA.names)
+    assert Counter(zip(*(data[c].to_pylist() for c in SCHEMA.names), strict=True)) == expected
