@@ -20,7 +20,8 @@ far less: per vnode, its application transaction's version. :class:`DeltaLog` ke
   tracking, change data feed, deletion vectors, in-commit timestamps, ...) is committed to through delta-rs.
 
 Checkpoints and log clean-up stay delta-rs's (``DeltaTable.create_checkpoint``, ``cleanup_metadata``): the sink
-runs them every ``delta.checkpointInterval`` versions (:meth:`filesink.destination.delta.DeltaDestination.maintain`).
+runs a checkpoint every ``delta.checkpointInterval`` versions and the clean-up at every 10th checkpoint
+(:meth:`filesink.destination.delta.DeltaDestination.maintain`).
 """
 
 from __future__ import annotations
