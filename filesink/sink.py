@@ -1074,9 +1074,10 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 def _probe_delta_store(output: OutputLocation, single_driver: bool) -> None:
-    """delta-rs writes each log entry of a Delta table on S3 with a conditional PUT (``If-None-Match: *``): a server
-    that ignores it lets two drivers both write the same version, and one acknowledged commit is lost. Probed like
-    the log store's location (:mod:`logstore.conditional`), under ``<table>/_filesink_probe/``."""
+    """The sink (and delta-rs) writes each log entry of a Delta table on S3 with a conditional PUT
+    (``If-None-Match: *``): a server that ignores it lets two drivers both write the same version, and one
+    acknowledged commit is lost. Probed like the log store's location (:mod:`logstore.conditional`), under
+    ``<table>/_filesink_probe/``."""
     storage = LogLocation(f"{output.url}/_filesink_probe", dict(output.storage_options)).open()
     probe = probe_conditional_create(storage)
     if probe.honoured:
@@ -1091,7 +1092,7 @@ def _probe_delta_store(output: OutputLocation, single_driver: bool) -> None:
         return
     raise TableFormatError(
         f"the Delta table {output.url} is on a server that does not support conditional create, PUT with "
-        f"If-None-Match: * ({probe.saw()}). delta-rs writes each log entry of the table that way: without it two "
+        f"If-None-Match: * ({probe.saw()}). Each log entry of the table is written that way: without it two "
         "drivers of this sink (a restart that overlaps the old driver) could both write the same table version, and "
         "a commit the sink recorded as done would be lost. Nothing was written. Use a server that honours it (AWS S3, "
         "MinIO, SeaweedFS), or promise single-driver operation with single_driver=True (filesink run "

@@ -1,0 +1,403 @@
+"""The Delta destination's own log writer (:mod:`filesink.destination.delta_log`): a roll's entry created only if
+absent, races with other writers decided from the winning entries, start-up from a checkpoint and the entries after
+it, checkpoints and clean-up by the sink, and readers (deltalake, Polars) reading exactly the rows committed.
+
+Real deltalake tables in ``tmp_path``; the other writers are real writers of the same table (delta-rs, or a second
+destination), run between this destination's read of the log and its conditional create by a ``DeltaLog`` whose
+``put`` lets them go first."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from filesink.destination import open_destination, table_options
+from filesink.errors import TableCommitFailedError
+from filesink.ledger import PlannedFile
+from filesink.output import OutputLocation
+from filesink.partitioning import escape
+from filesink.writer import WrittenObject
+
+deltalake = pytest.importorskip("deltalake")
+
+from filesink.destination.delta import DeltaDestination  # noqa: E402
+from filesink.destination.delta_log import DeltaLog, add_path  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("user_id", pa.int64()), ("day", pa.string())])
+VNODES = 4
+
+
+def _destination(root: Path, sink_id: str = "s1", partition_by: tuple[str, ...] = ("day",)) -> DeltaDestination:
+    dest = open_destination(
+        table_options("delta"), output=OutputLocation(str(root)), sink_id=sink_id, partition_by=partition_by
+    )
+    assert isinstance(dest, DeltaDestination)
+    return dest
+
+
+def _file(
+    root: Path, name: str, rows: list[tuple[int, int, str]], starts: dict[int, int], end: int, partitioned: bool = True
+) -> tuple[PlannedFile, dict[str, list[WrittenObject]]]:
+    """A file of ``rows`` written under the table's root (one object per day), and its plan."""
+    objects = []
+    for day in sorted({r[2] for r in rows}):
+        part = [r for r in rows if r[2] == day]
+        key = f"day={escape(day)}/{name}.parquet" if partitioned else f"{name}-{day}.parquet"
+        path = root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = pa.table({c: [r[i] for r in part] for i, c in enumerate(SCHEMA.names)}, schema=SCHEMA)
+        if partitioned:
+            data = data.drop_columns(["day"])
+        collected: list[pq.FileMetaData] = []
+        with pq.ParquetWriter(path, data.schema, metadata_collector=collected) as writer:
+            writer.write_table(data)
+        objects.append(WrittenObject(key, path.stat().st_size, len(part), collected[-1]))
+    plan = PlannedFile(name, 0, VNODES - 1, starts, end, len(rows), 100, "test")
+    return plan, {name: objects}
+
+
+def _rows(root: Path) -> Counter:
+    data = deltalake.DeltaTable(str(root)).to_pyarrow_table(columns=SCHEMA.names)
+    return Counter(zip(*(data[c].to_pylist() for c in SCHEMA.names), strict=True))
+
+
+def _polars_rows(root: Path) -> Counter:
+    import polars as pl
+
+    return Counter(pl.scan_delta(str(root)).select(SCHEMA.names).collect().iter_rows())
+
+
+def _epoch_rows(epoch: int, day: str = "2024-01-01") -> list[tuple[int, int, str]]:
+    return [(epoch * 100 + v, v, day) for v in range(VNODES)]
+
+
+def _commit(dest: DeltaDestination, root: Path, epoch: int, name: str | None = None) -> Counter:
+    rows = _epoch_rows(epoch, f"2024-01-0{1 + epoch % 3}")
+    plan, written = _file(root, name or f"part-{epoch:05d}", rows, dict.fromkeys(range(VNODES), epoch), epoch)
+    dest.make_visible([plan], written, SCHEMA)
+    dest.maintain()
+    return Counter(rows)
+
+
+class _Racing(DeltaLog):
+    """A log whose next ``put`` first runs another writer's commit (once): the race between our read of the log and
+    our conditional create, with a real second writer."""
+
+    def __init__(self, log: DeltaLog, other: Callable[[], None]) -> None:
+        self.storage = log.storage
+        self.other: Callable[[], None] | None = other
+        self.puts: list[tuple[int, str]] = []
+
+    def put(self, version: int, body: bytes):  # type: ignore[no-untyped-def]
+        if self.other is not None:
+            other, self.other = self.other, None
+            other()
+        answer = super().put(version, body)
+        self.puts.append((version, answer.value))
+        return answer
+
+
+def test_entries_are_what_delta_rs_writes_and_readers_read_them_exactly(tmp_path):
+    root = tmp_path / "t"
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(3):
+        expected += _commit(dest, root, epoch)
+    assert dest.delta_rs is None, "the table delta-rs created is one the sink's own writer commits to"
+    lines = [json.loads(x) for x in (root / "_delta_log" / f"{1:020d}.json").read_text().splitlines()]
+    assert list(lines[0]) == ["commitInfo"] and lines[0]["commitInfo"]["operation"] == "WRITE"
+    assert lines[0]["commitInfo"]["filesink.files"] == "part-00000"
+    add = lines[1]["add"]
+    assert add["path"] == "day=2024-01-01/part-00000.parquet" and add["partitionValues"] == {"day": "2024-01-01"}
+    assert add["dataChange"] is True and isinstance(add["stats"], str) and json.loads(add["stats"])["numRecords"] == 4
+    assert [x["txn"] for x in lines[2:]] == [{"appId": f"s1-v{v}", "version": 0} for v in range(VNODES)]
+    table = deltalake.DeltaTable(str(root))
+    assert table.version() == 3
+    assert {table.transaction_version(f"s1-v{v}") for v in range(VNODES)} == {2}
+    assert _rows(root) == expected
+    assert _polars_rows(root) == expected
+
+
+def test_paths_are_percent_encoded_as_delta_rs_encodes_them(tmp_path):
+    """Keys with characters a URI must encode (the sink's own %XX escapes included) are found by readers."""
+    root = tmp_path / "t"
+    dest = _destination(root)
+    day = "a b:c#é%"
+    assert "%" in escape(day), "the directory holds the sink's escapes, which the add path encodes again"
+    rows = [(1, 0, day), (2, 1, day)]
+    plan, written = _file(root, "part-odd name", rows, {0: 0, 1: 0}, 0)
+    dest.make_visible([plan], written, SCHEMA)
+    assert add_path("day=a b%3Ac#é/x y.parquet") == "day=a%20b%253Ac%23%C3%A9/x%20y.parquet"
+    assert sorted(deltalake.DeltaTable(str(root)).file_uris()) == sorted(
+        str(root / o.key) for o in written["part-odd name"]
+    )
+    assert _rows(root) == Counter(rows)
+    assert _polars_rows(root) == Counter(rows)
+
+
+def test_a_commit_by_another_writer_between_our_read_and_our_put_is_passed_by(tmp_path):
+    root = tmp_path / "t"
+    dest = _destination(root)
+    expected = _commit(dest, root, 0)
+    other_rows = [(900, 9, "2024-01-09")]
+
+    def other() -> None:  # another application appends to the table with delta-rs
+        deltalake.write_deltalake(
+            str(root),
+            pa.table({c: [r[i] for r in other_rows] for i, c in enumerate(SCHEMA.names)}, schema=SCHEMA),
+            mode="append",
+            partition_by=["day"],
+        )
+
+    racing = _Racing(dest._log, other)
+    dest._log = racing
+    expected += _commit(dest, root, 1)
+    assert racing.puts == [(2, "exists"), (3, "created")], "lost version 2 to the other writer, then took 3"
+    table = deltalake.DeltaTable(str(root))
+    assert table.version() == 3
+    assert {table.transaction_version(f"s1-v{v}") for v in range(VNODES)} == {1}
+    assert _rows(root) == expected + Counter(other_rows)
+    assert _polars_rows(root) == expected + Counter(other_rows)
+
+
+def test_a_lost_race_to_another_run_of_the_same_sink_with_the_same_files_is_landed(tmp_path):
+    """An older and a newer driver of one sink commit the same roll: the loser reads the winner's entry, which
+    holds its files: landed, and the table holds them once."""
+    root = tmp_path / "t"
+    old = _destination(root)
+    expected = _commit(old, root, 0)
+    new = _destination(root)
+    rows = _epoch_rows(1)
+    plan, written = _file(root, "part-00001", rows, dict.fromkeys(range(VNODES), 1), 1)
+    racing = _Racing(old._log, lambda: new.make_visible([plan], written, SCHEMA))
+    old._log = racing
+    old._light("read")  # the old driver's read, before the new one commits
+    old.make_visible([plan], written, SCHEMA)
+    assert racing.puts == [(2, "exists")]
+    assert deltalake.DeltaTable(str(root)).version() == 2
+    assert old.held([plan]) == {"part-00001"}
+    assert _rows(root) == expected + Counter(rows)
+
+
+def test_a_lost_race_to_marks_of_our_vnodes_that_do_not_hold_the_files_is_refused(tmp_path):
+    root = tmp_path / "t"
+    dest = _destination(root)
+    expected = _commit(dest, root, 0)
+    other = _destination(root)  # another run of the sink commits epoch 1 of vnode 0 only, under its mark
+    other_rows = [(100, 0, "2024-01-01")]
+    other_plan, other_written = _file(root, "part-other", other_rows, {0: 1}, 1)
+    rows = [(200 + v, v, "2024-01-01") for v in range(VNODES)]
+    plan, written = _file(root, "part-00002", rows, dict.fromkeys(range(VNODES), 2), 2)
+    racing = _Racing(dest._log, lambda: other.make_visible([other_plan], other_written, SCHEMA))
+    dest._log = racing
+    with pytest.raises(TableCommitFailedError, match=r"holds this sink's application transaction s1-v0"):
+        dest.make_visible([plan], written, SCHEMA)
+    assert racing.puts == [(2, "exists")]
+    assert deltalake.DeltaTable(str(root)).version() == 2, "nothing of the refused commit is in the table"
+    assert _rows(root) == expected + Counter(other_rows)
+    dest.make_visible([plan], written, SCHEMA)  # what the next start does: the file is still pending
+    assert dest.held([plan]) == {"part-00002"}
+    assert _rows(root) == expected + Counter(other_rows) + Counter(rows)
+
+
+def test_start_up_reads_the_last_checkpoint_and_the_entries_after_it(tmp_path):
+    """A table with a checkpoint every 10 versions (made by the sink's maintenance) and its old entries cleaned
+    up (by another writer): a new destination reads the checkpoint's transactions and the entries after it, and
+    agrees with delta-rs."""
+    root = tmp_path / "t"
+    deltalake.DeltaTable.create(
+        str(root),
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 0 seconds"},
+    )
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(25):
+        expected += _commit(dest, root, epoch)
+        if epoch == 12:  # another sink's marks, before the checkpoint at 20 and kept by it
+            expected += _commit(_destination(root, "s2"), root, 1000, "part-s2")
+    deltalake.DeltaTable(str(root)).cleanup_metadata()  # another writer's clean-up
+    log = root / "_delta_log"
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
+    assert (log / f"{20:020d}.checkpoint.parquet").exists()
+    assert not (log / f"{0:020d}.json").exists(), "the clean-up removed the entries before the checkpoint"
+    table = deltalake.DeltaTable(str(root))
+    assert table.version() == 26
+    fresh = _destination(root)
+    state = fresh._light("read")
+    assert state is not None and fresh.delta_rs is None
+    assert (state.checkpoint, state.version) == (20, 26)
+    wanted = {f"s1-v{v}": table.transaction_version(f"s1-v{v}") for v in range(VNODES)}
+    wanted |= {f"s2-v{v}": table.transaction_version(f"s2-v{v}") for v in range(VNODES)}
+    assert (
+        state.txns == wanted == {**{f"s1-v{v}": 24 for v in range(VNODES)}, **{f"s2-v{v}": 1000 for v in range(VNODES)}}
+    )
+    held_plan = PlannedFile("part-00024", 0, VNODES - 1, dict.fromkeys(range(VNODES), 24), 24, 4, 1, "t")
+    next_plan = PlannedFile("next", 0, VNODES - 1, dict.fromkeys(range(VNODES), 25), 25, 4, 1, "t")
+    assert fresh.held([held_plan, next_plan]) == {"part-00024"}
+    (log / "_last_checkpoint").unlink()  # a hint only: the listing finds the newest checkpoint
+    again = _destination(root)
+    state = again._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (20, 26) and state.txns == wanted
+    expected += _commit(again, root, 25)
+    assert _rows(root) == expected
+    assert _polars_rows(root) == expected
+
+
+def test_a_table_with_a_writer_feature_the_sink_does_not_honour_is_committed_through_delta_rs(tmp_path):
+    root = tmp_path / "t"
+    table = deltalake.DeltaTable.create(str(root), schema=SCHEMA, partition_by=["day"])
+    table.alter.add_constraint({"positive_id": "id >= 0"})  # writer version 3
+    dest = _destination(root)
+    expected = _commit(dest, root, 0)
+    assert dest.delta_rs is not None and "writer version 3" in dest.delta_rs
+    assert dest.held([PlannedFile("part-00000", 0, VNODES - 1, dict.fromkeys(range(VNODES), 0), 0, 4, 1, "t")]) == {
+        "part-00000"
+    }
+    assert deltalake.DeltaTable(str(root)).version() == 2, "the constraint's version, then the commit"
+    assert _rows(root) == expected
+    assert _polars_rows(root) == expected
+
+
+def _short_history(root: Path) -> None:
+    """A table with a checkpoint every 10 versions and no log retention: a clean-up removes every entry before the
+    newest checkpoint (what a 30-day retention does to an idle sink's entries after 30 days)."""
+    deltalake.DeltaTable.create(
+        str(root),
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 0 seconds"},
+    )
+
+
+def test_an_idle_sink_behind_a_checkpoint_and_a_clean_up_commits_after_the_newest_version(tmp_path):
+    """The sink's state is at version 1; another sink then commits past a checkpoint whose clean-up removes
+    version 2 and after. The next entry's name is free again: the sink must not take it (no reader would see it)."""
+    root = tmp_path / "t"
+    _short_history(root)
+    idle = _destination(root)
+    expected = _commit(idle, root, 0)
+    busy = _destination(root, "s2")
+    for epoch in range(1000, 1012):
+        expected += _commit(busy, root, epoch, f"part-s2-{epoch}")
+    deltalake.DeltaTable(str(root)).cleanup_metadata()
+    log = root / "_delta_log"
+    assert not (log / f"{2:020d}.json").exists(), "the clean-up removed the versions after the idle sink's state"
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 10
+    expected += _commit(idle, root, 1)
+    table = deltalake.DeltaTable(str(root))
+    assert table.version() == 14 and (log / f"{14:020d}.json").exists() and not (log / f"{2:020d}.json").exists()
+    assert {table.transaction_version(f"s1-v{v}") for v in range(VNODES)} == {1}
+    assert _rows(root) == expected
+    assert _polars_rows(root) == expected
+
+
+def test_a_stale_checkpoint_hint_is_passed_by_from_the_listing(tmp_path):
+    """``_last_checkpoint`` names checkpoint 10 (a writer died between its next checkpoint and the hint), the
+    entries before checkpoint 20 are gone: the start lists the log and reads from checkpoint 20."""
+    root = tmp_path / "t"
+    _short_history(root)
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(12):
+        expected += _commit(dest, root, epoch)
+    log = root / "_delta_log"
+    stale = (log / "_last_checkpoint").read_text()
+    assert json.loads(stale)["version"] == 10
+    for epoch in range(12, 22):
+        expected += _commit(dest, root, epoch)
+    deltalake.DeltaTable(str(root)).cleanup_metadata()
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
+    assert not (log / f"{10:020d}.checkpoint.parquet").exists() and not (log / f"{19:020d}.json").exists()
+    (log / "_last_checkpoint").write_text(stale)
+    fresh = _destination(root)
+    state = fresh._light("read")
+    assert state is not None and fresh.delta_rs is None and (state.checkpoint, state.version) == (20, 22)
+    assert state.txns == {f"s1-v{v}": 21 for v in range(VNODES)}
+    expected += _commit(fresh, root, 22)
+    assert deltalake.DeltaTable(str(root)).version() == 23
+    assert _rows(root) == expected
+
+
+def test_the_sink_checkpoints_every_interval_and_cleans_up_every_tenth_checkpoint(tmp_path):
+    root = tmp_path / "t"
+    deltalake.DeltaTable.create(
+        str(root),
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": "2", "delta.logRetentionDuration": "interval 0 seconds"},
+    )
+    dest = _destination(root)
+    log = root / "_delta_log"
+    expected = Counter()
+    for epoch in range(19):
+        expected += _commit(dest, root, epoch)
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 18
+    assert (log / f"{0:020d}.json").exists(), "no clean-up before the 10th checkpoint"
+    expected += _commit(dest, root, 19)  # version 20: the 10th checkpoint, and the clean-up
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
+    assert not (log / f"{0:020d}.json").exists() and not (log / f"{19:020d}.json").exists()
+    assert not (log / f"{18:020d}.checkpoint.parquet").exists()
+    fresh = _destination(root)
+    state = fresh._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (20, 20)
+    assert state.txns == {f"s1-v{v}": 19 for v in range(VNODES)}
+    assert _rows(root) == expected
+    assert _polars_rows(root) == expected
+
+
+def test_a_table_on_s3_is_read_from_its_checkpoint_and_the_names_after_it(tmp_path, s3_prefix, s3_options):
+    """On S3 the start lists only the names after the checkpoint's (ListObjectsV2 StartAfter); every entry is a
+    PUT with If-None-Match: *."""
+    from filesink.destination.delta import storage_options
+
+    out = s3_prefix + "/t"
+    delta_options = storage_options(s3_options)
+    deltalake.DeltaTable.create(
+        out,
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": "2"},
+        storage_options=delta_options,
+    )
+    dest = open_destination(
+        table_options("delta"), output=OutputLocation(out, s3_options), sink_id="s1", partition_by=("day",)
+    )
+    assert isinstance(dest, DeltaDestination)
+    staging = tmp_path / "files"
+    expected = Counter()
+    for epoch in range(5):
+        rows = _epoch_rows(epoch)
+        plan, written = _file(staging, f"part-{epoch:05d}", rows, dict.fromkeys(range(VNODES), epoch), epoch)
+        for obj in written[plan.name]:
+            dest._log.storage.fs.put_file(str(staging / obj.key), f"{out}/{obj.key}")
+        dest.make_visible([plan], written, SCHEMA)
+        dest.maintain()
+        expected += Counter(rows)
+    assert dest.delta_rs is None
+    assert dest._log._listed(4) == [
+        f"{4:020d}.checkpoint.parquet",
+        f"{4:020d}.json",
+        f"{5:020d}.json",
+        "_last_checkpoint",
+    ]
+    fresh = open_destination(
+        table_options("delta"), output=OutputLocation(out, s3_options), sink_id="s1", partition_by=("day",)
+    )
+    assert isinstance(fresh, DeltaDestination)
+    state = fresh._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (4, 5)
+    assert state.txns == {f"s1-v{v}": 4 for v in range(VNODES)}
+    table = deltalake.DeltaTable(out, storage_options=delta_options)
+    assert table.version() == 5
+    data = table.to_pyarrow_table(columns=SCHEMA.names)
+    assert Counter(zip(*(data[c].to_pylist() for c in SCHEMA.names), strict=True)) == expected
