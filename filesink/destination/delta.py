@@ -44,6 +44,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from logstore.storage import PutAnswer
 
 from ..errors import TableCommitFailedError, TableFormatError
+from ..evolution import Change, upgradable
 from .base import Destination, TableFormat, held_files, marks_of, s3_settings
 from .delta_log import DeltaLog, LogState, UnsupportedLogError, add_path, entry_name, unsupported
 from .partitions import partition_texts, typed_value
@@ -310,6 +311,21 @@ class DeltaDestination(Destination):
             return None
         return list(table.metadata().partition_columns), pa.schema(table.schema().to_arrow())
 
+    def evolution_problems(self, changes: Sequence[Change]) -> list[str]:
+        problems = [
+            f"{c} on the {self.name}: a wider type is Delta's typeWidening table feature, which this sink does not "
+            f"write. Cast {c.column} back to {c.old} in the query, or write the wider values as a new column"
+            for c in changes
+            if c.kind == "widened"
+        ]
+        if changes and self.delta_rs is not None:
+            problems.append(
+                f"the {self.name} is committed to through delta-rs ({self.delta_rs}), whose commits cannot change a "
+                "table's schema. Keep the schema, or change the table's schema first with a Delta writer that "
+                "honours its features (ALTER TABLE ... ADD COLUMNS), then start the query again"
+            )
+        return problems
+
     def check(self, schema: pa.Schema | None) -> None:
         found = self._columns()
         if found is None:
@@ -328,7 +344,9 @@ class DeltaDestination(Destination):
         different = [
             f"{f.name} ({have_types.get(f.name, 'missing')} in the table, {f.type} here)"
             for f in want
-            if not _same_type(have_types.get(f.name), f.type)
+            if f.name in have_types
+            and not _same_type(have_types[f.name], f.type)
+            and not upgradable(have_types[f.name], f.type)  # an older schema of the sink's: evolved at the next commit
         ]
         extra = [f.name for f in have if f.name not in want.names]
         if different or extra:
@@ -438,6 +456,20 @@ class DeltaDestination(Destination):
         actions += [{"txn": {"appId": app_id(self.sink_id, v), "version": e}} for v, e in sorted(marks.items())]
         return actions
 
+    def _schema_change(self, state: LogState, schema: pa.Schema) -> list[dict[str, Any]]:
+        """A ``metaData`` action with the sink's schema when the table's is older (:mod:`filesink.evolution`): the
+        table's columns change in the entry of the first files that hold the new ones. Nothing when they are the
+        same. The fields' metadata the table had is kept."""
+        have = json.loads(state.metadata["schemaString"])
+        want = json.loads(DeltaSchema.from_arrow(delta_arrow_schema(schema)).to_json())
+        if _without_metadata(have) == _without_metadata(want):
+            return []
+        kept = {f["name"]: f.get("metadata") or {} for f in have.get("fields", [])}
+        for f in want["fields"]:
+            f["metadata"] = kept.get(f["name"], f.get("metadata") or {})
+        changed = dict(state.metadata, schemaString=json.dumps(want, separators=(",", ":")))
+        return [{"metaData": changed}]
+
     def _body(self, actions: Sequence[Mapping[str, Any]], metadata: Mapping[str, str]) -> bytes:
         info = {
             "timestamp": int(time.time() * 1000),
@@ -462,13 +494,14 @@ class DeltaDestination(Destination):
         """Create the roll's entry at the version after the newest; where another commit has that version, read
         it (and any after it): one that wrote this sink's marks of the files' vnodes ends the commit (landed if the
         table now holds the files, refused otherwise); any other is passed by, at the next version."""
-        actions = self._entry(pending, written, schema)
+        files = self._entry(pending, written, schema)
         metadata = self._metadata(pending)
         ours = {app_id(self.sink_id, v) for f in pending for v in f.starts}
         vnodes = sorted({v for f in pending for v in f.starts})
         try:
             for _ in range(COMMIT_ATTEMPTS):
                 version = state.version + 1
+                actions = self._schema_change(state, schema) + files
                 answer = self._log.put(version, self._body(actions, metadata))
                 if answer is PutAnswer.CREATED:
                     state.apply(version, actions)
@@ -533,6 +566,15 @@ class DeltaDestination(Destination):
         pending = [f for f in files if f.name not in held]
         if not pending:
             return
+        have = {f.name for f in pa.schema(table.schema().to_arrow())}
+        lacking = [c for c in delta_arrow_schema(schema).names if c not in have]
+        if lacking:
+            raise TableCommitFailedError(
+                f"the {self.name} is committed to through delta-rs ({self.delta_rs}), whose commits cannot change a "
+                f"table's schema, and it lacks columns {lacking} that files {', '.join(f.name for f in pending)} "
+                "hold. Nothing was committed; the files stay pending. Add the columns with a Delta writer that "
+                "honours the table's features (ALTER TABLE ... ADD COLUMNS), then start the query again."
+            )
         now = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             self._add(obj, schema, now) for f in pending for obj in written[f.name]
@@ -612,6 +654,15 @@ class DeltaDestination(Destination):
         if self.delta_rs is not None:
             out["committed through"] = f"delta-rs ({self.delta_rs})"
         return out
+
+
+def _without_metadata(schema: Any) -> Any:
+    """A Delta schema's JSON without the fields' metadata (at every depth), to compare the columns alone."""
+    if isinstance(schema, dict):
+        return {k: _without_metadata(v) for k, v in schema.items() if k != "metadata"}
+    if isinstance(schema, list):
+        return [_without_metadata(v) for v in schema]
+    return schema
 
 
 def _same_type(have: pa.DataType | None, want: pa.DataType) -> bool:
