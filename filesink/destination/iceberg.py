@@ -67,6 +67,7 @@ from pyiceberg.types import DecimalType, IcebergType, ListType, MapType, StructT
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 
 from ..errors import TableCommitFailedError, TableFormatError
+from ..evolution import upgradable
 from .base import Destination, TableFormat, held_files, marks_of, s3_settings
 from .partitions import partition_texts, typed_value
 
@@ -204,6 +205,13 @@ _PARTITION_TYPES = (
     pa.types.is_date32,
     pa.types.is_timestamp,
 )
+
+
+def _older_columns(have: Schema, want: Schema) -> set[str]:
+    """The columns whose type in the table ``have`` is an older one of the sink's ``want`` (fields added inside,
+    types widened as the sink takes them): the next commit evolves the table."""
+    table, sink = have.as_arrow(), want.as_arrow()
+    return {f.name for f in sink if table.get_field_index(f.name) >= 0 and upgradable(table.field(f.name).type, f.type)}
 
 
 def _partition_value(value: object, scale: int | None) -> object:
@@ -363,8 +371,11 @@ class IcebergDestination(Destination):
             return
         have = {f.name: _shape(f.field_type) for f in table.schema().fields}
         want = {f.name: _shape(f.field_type) for f in iceberg_schema(schema).fields}
+        older = _older_columns(table.schema(), iceberg_schema(schema))  # the sink's older schema: evolved at the commit
         different = [
-            f"{c} ({have.get(c, 'missing')} in the table, {t} here)" for c, t in want.items() if have.get(c) != t
+            f"{c} ({have[c]} in the table, {t} here)"
+            for c, t in want.items()
+            if c in have and have[c] != t and c not in older
         ]
         extra = [f"{c} (only in the table)" for c in have if c not in want]
         if different or extra:
@@ -432,6 +443,19 @@ class IcebergDestination(Destination):
             self.identifier, schema=ice, location=self.location, partition_spec=spec, properties=dict(TABLE_PROPERTIES)
         )
 
+    def _evolve(self, tx: Transaction, schema: pa.Schema) -> None:
+        """The sink's newer schema (:mod:`filesink.evolution`) in the commit's transaction, before the snapshot of
+        the first files that hold its new columns: new columns and fields get new ids, wider types are Iceberg's
+        promotions (int to long, float to double, a decimal's precision). Nothing when the table has it already."""
+        want = iceberg_schema(schema)
+        current = tx.table_metadata.schema()
+        if [(f.name, _shape(f.field_type)) for f in current.fields] == [
+            (f.name, _shape(f.field_type)) for f in want.fields
+        ]:
+            return
+        with tx.update_schema() as update:
+            update.union_by_name(want)
+
     def make_visible(
         self, files: Sequence[PlannedFile], written: Mapping[str, Sequence[WrittenObject]], schema: pa.Schema
     ) -> None:
@@ -478,6 +502,8 @@ class IcebergDestination(Destination):
     ) -> None:
         try:
             tx = self._begin(table, schema)
+            if table is not None:
+                self._evolve(tx, schema)
             marks = dict(reach)
             for f in pending:
                 for v, e in marks_of(f).items():
