@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from evolve_tables import V1, batch, open_sink, v2, write_evolving
+from evolve_tables import V1, batch, expected, open_sink, v2, write_evolving
 from sink_helpers import append_evolving
 
 from filesink import SchemaMismatchError
+from logstore.failpoints import ENV_VAR, FailpointError
 
 
 def _read(tmp_path: Path, table_format: str) -> tuple[pa.Table, Counter]:
@@ -71,3 +72,27 @@ def test_delta_refuses_a_wider_type_before_the_batch(tmp_path):
             append_evolving(sink, 1, batch(1, 2, True), v2(True))
         assert sink.log_store.last_sealed_epoch == 0
         assert [v.version for v in sink.ledger.schema_history()] == [1]
+
+
+@pytest.mark.parametrize("point", ["filesink.table.before", "filesink.table.after"])
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_crash_at_the_commit_that_evolves_the_table_is_finished_once(tmp_path, monkeypatch, table_format, point):
+    """The roll's files are written under the new schema and pre-committed; the run dies just before (or just after)
+    the table's commit that changes its schema. The next start decides from the table alone, and commits them once."""
+    pytest.importorskip("deltalake" if table_format == "delta" else "pyiceberg")
+    widen = table_format == "iceberg"
+    with open_sink(tmp_path, table_format) as sink:
+        append_evolving(sink, 0, batch(0, 1, widen), V1)
+        sink.flush()
+        append_evolving(sink, 1, batch(1, 1, widen), V1)
+        append_evolving(sink, 2, batch(2, 2, widen), v2(widen))
+        monkeypatch.setenv(ENV_VAR, f"{point}=raise")
+        with pytest.raises(FailpointError):
+            sink.flush()
+        monkeypatch.delenv(ENV_VAR)
+    with open_sink(tmp_path, table_format) as sink:  # recovery at start commits the pending files, or finds them
+        assert sink.ledger.pending_names() == []
+        sink.flush()
+    table, rows = _read(tmp_path, table_format)
+    assert rows == expected(3, 2, widen)
+    assert table.schema.names == ["id", "n", "p", "extra"]
