@@ -41,6 +41,7 @@ from __future__ import annotations
 import decimal
 import json
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
@@ -56,15 +57,37 @@ from pyiceberg.io.pyarrow import (
     parquet_path_to_id_mapping,
     visit_pyarrow,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    write_manifest,
+    write_manifest_list,
+)
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotsUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DecimalType, IcebergType, ListType, MapType, StructType
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
+from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from ..errors import TableCommitFailedError, TableFormatError
 from .base import Destination, TableFormat, held_files, marks_of, s3_settings
@@ -90,12 +113,15 @@ COMMIT_ATTEMPTS = 4
 """Commits of one roll that lose a race (another commit landed first) before the roll's commit fails."""
 TABLE_PROPERTIES = {
     "commit.manifest-merge.enabled": "true",
+    "commit.manifest.target-size-bytes": str(256 * 1024),
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
 }
 """The properties a new table is created with: appends merge small manifests (the Java library's default, not
-pyiceberg's: without it a table has a manifest per commit, and planning a scan reads them all), old metadata files are
-deleted (the newest 100 kept)."""
+pyiceberg's: without it a table has a manifest per commit, and planning a scan reads them all) once there are 100
+(``commit.manifest.min-count-to-merge``'s default) into manifests of up to 256 KB (a merge rewrites the manifests it
+merges, so its cost is bounded by that size and not by the table's file count; pyiceberg's default, 8 MB, is about
+50,000 files' entries); old metadata files are deleted (the newest 100 kept)."""
 NAME_MAPPING = "schema.name-mapping.default"
 _NO_RETRIES = {"commit.retry.num-retries": "0"}
 
@@ -217,6 +243,15 @@ def _partition_value(value: object, scale: int | None) -> object:
     return value
 
 
+def _delete(table: Table, paths: Sequence[str]) -> None:
+    """Delete files of the table's metadata that nothing refers to; a failure is logged (they are only left over)."""
+    for path in paths:
+        try:
+            table.io.delete(path)
+        except Exception as e:
+            log.warning("cannot delete %s, which the table no longer refers to: %s", path, e)
+
+
 def _without_retries(table: Table) -> Table:
     """The same table, with pyiceberg's own commit retries off for transactions started on it. The property is set
     on this in-memory copy only: a commit sends its updates and requirements, never the properties read here."""
@@ -241,6 +276,8 @@ class IcebergDestination(Destination):
         self.location = table_location(self.output.url)
         self._catalog: Catalog | None = None
         self._table: Table | None = None
+        self._merged = 0
+        """The manifests the last merging commit of this object left (none yet: 0)."""
 
     @property
     def name(self) -> str:
@@ -476,13 +513,25 @@ class IcebergDestination(Destination):
         schema: pa.Schema,
         reach: Mapping[int, int],
     ) -> None:
+        """One roll's commit: the append and the marks in one compare-and-swap of the table's metadata. A table of
+        format version 2 is committed directly (:meth:`_append`), unless its manifests are due a merge; the first
+        commit (which creates the table), a merge and other format versions go through a pyiceberg transaction."""
+        tx: Transaction | None = None
+        manifests: list[ManifestFile] | None = None
+        metadata: TableMetadata
         try:
-            tx = self._begin(table, schema)
             marks = dict(reach)
             for f in pending:
                 for v, e in marks_of(f).items():
                     marks[v] = max(marks.get(v, -1), e)
-            metadata = tx.table_metadata  # a deep copy at each read (pyiceberg 0.12): read once
+            if table is not None and table.metadata.format_version == 2:
+                metadata = table.metadata  # as loaded, no copy; nothing here changes it
+                manifests = self._live_manifests(table)
+                if self._merge_due(metadata, manifests):
+                    manifests = None
+            if manifests is None:
+                tx = self._begin(table, schema)
+                metadata = tx.table_metadata  # a deep copy at each read (pyiceberg 0.12): read once
             data_files = [self._data_file(obj, metadata, schema) for f in pending for obj in written[f.name]]
         except (CommitFailedException, TableAlreadyExistsError, TableFormatError):
             raise
@@ -500,31 +549,180 @@ class IcebergDestination(Destination):
             "filesink.epochs": f"{min(min(f.starts.values(), default=f.end_epoch) for f in pending)}-"
             f"{max(f.end_epoch for f in pending)}",
         }
+        if tx is None:
+            assert table is not None and manifests is not None
+            self._append(table, data_files, manifests, properties, summary)
+            return
         tx.set_properties(properties)
         # merge_append is a fast append unless the table has commit.manifest-merge.enabled (TABLE_PROPERTIES)
         with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
         self._table = tx.commit_transaction()
+        if table is not None:
+            current = self._table.current_snapshot()
+            self._merged = len(current.manifests(self._table.io)) if current is not None else 0
+
+    def _live_manifests(self, table: Table) -> list[ManifestFile]:
+        """The manifests of the table's current snapshot that a fast append keeps (those listing files)."""
+        current = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        if current is None:
+            return []
+        return [m for m in current.manifests(table.io) if m.has_added_files() or m.has_existing_files()]
+
+    def _merge_due(self, metadata: TableMetadata, manifests: Sequence[ManifestFile]) -> bool:
+        """Whether this commit should merge the table's manifests (pyiceberg's merging append, as the table's
+        properties configure it): merging is on, and the commit would leave at least
+        ``commit.manifest.min-count-to-merge`` manifests beyond those the last merge left (a merge that could not
+        reduce them is not tried again at every commit)."""
+        properties = metadata.properties
+        if not property_as_bool(
+            properties, TableProperties.MANIFEST_MERGE_ENABLED, TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT
+        ):
+            return False
+        least = property_as_int(
+            properties, TableProperties.MANIFEST_MIN_MERGE_COUNT, TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT
+        )
+        return len(manifests) + 1 - self._merged >= max(2, least or 0)
+
+    def _expired(self, metadata: TableMetadata, adding: int) -> list[int]:
+        """The ids of the oldest snapshots beyond :attr:`keep_snapshots` once ``adding`` more are added, never one a
+        branch or tag points at, at most :attr:`expire_batch`."""
+        protected = {ref.snapshot_id for ref in metadata.refs.values()}
+        snapshots = sorted(metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+        old = snapshots[: max(0, len(snapshots) + adding - self.keep_snapshots)]
+        return [s.snapshot_id for s in old if s.snapshot_id not in protected][: self.expire_batch]
+
+    def _append(
+        self,
+        table: Table,
+        data_files: Sequence[DataFile],
+        manifests: Sequence[ManifestFile],
+        properties: Mapping[str, str],
+        summary: Mapping[str, str],
+    ) -> None:
+        """Commit ``data_files`` as one snapshot (a fast append: a manifest of them, and a manifest list of it and
+        ``manifests``, the current snapshot's), with the table ``properties`` set and the oldest snapshots beyond
+        :attr:`keep_snapshots` removed, in one call of the catalog's ``commit_table``: it asserts the table and the
+        snapshot the commit was built on, so a commit that lost a race fails (``CommitFailedException``) and changes
+        nothing. pyiceberg's transaction would build the same updates, copying the table's metadata at each of its
+        reads (its cost, not the append's, was most of a commit)."""
+        metadata = table.metadata
+        parent = metadata.snapshot_by_name(MAIN_BRANCH)
+        parent_id = parent.snapshot_id if parent is not None else None
+        snapshot_id = metadata.new_snapshot_id()
+        sequence_number = metadata.next_sequence_number()
+        compression = metadata.properties.get(
+            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+        )
+        spec, ice_schema = metadata.spec(), metadata.schema()
+        where = table.location_provider()
+        commit_uuid = uuid.uuid4()
+        manifest_path = where.new_metadata_location(f"{commit_uuid}-m0.avro")
+        list_path = where.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
+        with write_manifest(
+            format_version=2,
+            spec=spec,
+            schema=ice_schema,
+            output_file=table.io.new_output(manifest_path),
+            snapshot_id=snapshot_id,
+            avro_compression=compression,  # type: ignore[arg-type]
+        ) as writer:
+            for data_file in data_files:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, data_file=data_file
+                    )
+                )
+        added = writer.to_manifest_file()
+        with write_manifest_list(
+            format_version=2,
+            output_file=table.io.new_output(list_path),
+            snapshot_id=snapshot_id,
+            parent_snapshot_id=parent_id,
+            sequence_number=sequence_number,
+            avro_compression=compression,  # type: ignore[arg-type]
+        ) as list_writer:
+            list_writer.add_manifests([added, *manifests])
+        collector = SnapshotSummaryCollector(
+            partition_summary_limit=property_as_int(
+                metadata.properties,
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
+            )
+            or 0
+        )
+        for data_file in data_files:
+            collector.add_file(data_file, schema=ice_schema, partition_spec=spec)
+        # pyiceberg's models take their fields' names as well as their aliases (mypy only sees the aliases)
+        snapshot = Snapshot(  # type: ignore[call-arg]
+            snapshot_id=snapshot_id,
+            parent_snapshot_id=parent_id,
+            sequence_number=sequence_number,
+            manifest_list=list_path,
+            summary=update_snapshot_summaries(
+                summary=Summary(operation=Operation.APPEND, **collector.build(), **summary),
+                previous_summary=parent.summary if parent is not None else None,
+            ),
+            schema_id=metadata.current_schema_id,
+        )
+        updates: list[TableUpdate] = [SetPropertiesUpdate(updates=dict(properties))]
+        expired = self._expired(metadata, adding=1)
+        if expired:
+            updates.append(RemoveSnapshotsUpdate(snapshot_ids=expired))  # type: ignore[call-arg]
+        updates += [
+            AddSnapshotUpdate(snapshot=snapshot),
+            SetSnapshotRefUpdate(  # type: ignore[call-arg]
+                ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id
+            ),
+        ]
+        requirements: tuple[TableRequirement, ...] = (
+            AssertTableUUID(uuid=metadata.table_uuid),
+            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=parent_id),  # type: ignore[call-arg]
+        )
+        try:
+            response = table.catalog.commit_table(table, requirements, tuple(updates))
+        except CommitFailedException:
+            _delete(table, [manifest_path, list_path])  # refused: nothing refers to them
+            raise
+        self._committed(table, response.metadata, response.metadata_location)
+
+    def _committed(self, table: Table, metadata: TableMetadata, location: str) -> None:
+        """After a direct commit: the table as committed, and the metadata files that fell out of its metadata log
+        deleted if the table says so (``write.metadata.delete-after-commit.enabled``), as pyiceberg's commits do."""
+        if property_as_bool(
+            metadata.properties,
+            TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED,
+            TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED_DEFAULT,
+        ):
+            kept = {entry.metadata_file for entry in metadata.metadata_log}
+            _delete(table, [e.metadata_file for e in table.metadata.metadata_log if e.metadata_file not in kept])
+        self._table = Table(table.name(), metadata, location, table.io, table.catalog, table.config)
 
     # -- history -----------------------------------------------------------------------------------------------
 
     def maintain(self) -> None:
         """Expire the oldest snapshots beyond :attr:`keep_snapshots` once there are :attr:`expire_batch` of them (at
-        most that many at once). A failure is logged, not raised: the next call tries again, and a longer history
+        most that many at once). A roll's direct commit expires them itself (:meth:`_append`); this is for the
+        history other commits leave (the table's creation, a manifest merge, another format version, a longer
+        history from elsewhere). A failure is logged, not raised: the next call tries again, and a longer history
         only costs time."""
         try:
             table = self._table if self._table is not None else self._load()
             if table is None:
                 return
-            snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
-            protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
-            old = [s.snapshot_id for s in snapshots[: max(0, len(snapshots) - self.keep_snapshots)]]
-            old = [i for i in old if i not in protected][: self.expire_batch]
-            if not old or len(old) < self.expire_batch:
+            old = self._expired(table.metadata, adding=0)
+            if len(old) < self.expire_batch:
                 return
-            table.maintenance.expire_snapshots().by_ids(old).commit()
-            self._table = table
+            current = table.metadata.snapshot_by_name(MAIN_BRANCH)
+            requirements = (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+                AssertRefSnapshotId(  # type: ignore[call-arg]
+                    ref=MAIN_BRANCH, snapshot_id=current.snapshot_id if current else None
+                ),
+            )
+            response = table.catalog.commit_table(table, requirements, (RemoveSnapshotsUpdate(snapshot_ids=old),))  # type: ignore[call-arg]
+            self._committed(table, response.metadata, response.metadata_location)
         except Exception as e:
             self._table = None
             log.warning(

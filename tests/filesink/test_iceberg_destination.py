@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("pyiceberg")
 
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table
 
 from filesink.destination import iceberg as iceberg_module
 from filesink.destination import open_destination, table_options
@@ -387,39 +387,40 @@ def test_a_commit_that_lost_a_race_is_built_again_and_never_twice(
 
 
 def test_after_an_error_the_table_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catalog's commit_table is where both commit paths (a pyiceberg transaction, a direct append) commit."""
     out = tmp_path / "out"
     w = Writer(str(out))
     files = [w.file(f"part-{i}", {0: i}, i, [rows(10 * i, 2, "DE")]) for i in range(1, 5)]
     d = destination(str(out))
     d.make_visible(files[:1], w.written, SCHEMA)
-    real = Transaction.commit_transaction
+    real = SqlCatalog.commit_table
 
-    def landed_then_lost(self: Transaction) -> Any:
-        real(self)
+    def landed_then_lost(self: SqlCatalog, *args: Any) -> Any:
+        real(self, *args)
         raise ConnectionError("the response was lost")
 
-    monkeypatch.setattr(Transaction, "commit_transaction", landed_then_lost)
+    monkeypatch.setattr(SqlCatalog, "commit_table", landed_then_lost)
     d.make_visible(files[1:2], w.written, SCHEMA)  # landed: done
     assert d.held(files[1:2]) == {"part-2"}
 
-    def refused(self: Transaction) -> Any:
+    def refused(self: SqlCatalog, *args: Any) -> Any:
         raise ConnectionError("the catalog is away")
 
-    monkeypatch.setattr(Transaction, "commit_transaction", refused)
+    monkeypatch.setattr(SqlCatalog, "commit_table", refused)
     with pytest.raises(TableCommitFailedError, match="did not land"):
         d.make_visible(files[2:3], w.written, SCHEMA)
 
     real_load = d._load
 
-    def unreadable_after_commit(self: Transaction) -> Any:
+    def unreadable_after_commit(self: SqlCatalog, *args: Any) -> Any:
         monkeypatch.setattr(d, "_load", lambda: (_ for _ in ()).throw(ConnectionError("no route")))
         raise ConnectionError("the catalog is away")
 
-    monkeypatch.setattr(Transaction, "commit_transaction", unreadable_after_commit)
+    monkeypatch.setattr(SqlCatalog, "commit_table", unreadable_after_commit)
     with pytest.raises(TableCommitUnknownError, match="could not be read again"):
         d.make_visible(files[3:4], w.written, SCHEMA)
     monkeypatch.setattr(d, "_load", real_load)
-    monkeypatch.setattr(Transaction, "commit_transaction", real)
+    monkeypatch.setattr(SqlCatalog, "commit_table", real)
     assert d.held(files) == {"part-1", "part-2"}
     d.make_visible(files, w.written, SCHEMA)
     assert d.held(files) == {f.name for f in files}
