@@ -61,9 +61,11 @@ from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
     FileFormat,
+    ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
     write_manifest,
     write_manifest_list,
 )
@@ -113,15 +115,19 @@ COMMIT_ATTEMPTS = 4
 """Commits of one roll that lose a race (another commit landed first) before the roll's commit fails."""
 TABLE_PROPERTIES = {
     "commit.manifest-merge.enabled": "true",
-    "commit.manifest.target-size-bytes": str(256 * 1024),
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
 }
-"""The properties a new table is created with: appends merge small manifests (the Java library's default, not
-pyiceberg's: without it a table has a manifest per commit, and planning a scan reads them all) once there are 100
-(``commit.manifest.min-count-to-merge``'s default) into manifests of up to 256 KB (a merge rewrites the manifests it
-merges, so its cost is bounded by that size and not by the table's file count; pyiceberg's default, 8 MB, is about
-50,000 files' entries); old metadata files are deleted (the newest 100 kept)."""
+"""The properties a new table is created with: manifests are merged (the Java library's default, not pyiceberg's:
+without it a table has a manifest per commit, and planning a scan reads them all; :data:`MERGE_TIERS` says how the
+sink merges), old metadata files are deleted (the newest 100 kept)."""
+MERGE_TIERS = ((100, 100), (1_000, 10))
+"""How a roll's commit merges a table's manifests (when ``commit.manifest-merge.enabled``): per tier, (files, count):
+once the commit would leave ``count`` data manifests each listing fewer than ``files`` files (and more than the
+tier before's), it writes them as one. A commit makes a small manifest (its own files); 100 of them become one of at
+least 100 files, 10 of those one of at least 1,000, which is never merged again. A merge rewrites what it merges,
+so its cost is bounded (at most 10,000 files, once per 1,000 commits; 100 files once per 100) and never grows with
+the table; the manifests are about a hundred small ones plus one per 1,000 files."""
 NAME_MAPPING = "schema.name-mapping.default"
 _NO_RETRIES = {"commit.retry.num-retries": "0"}
 
@@ -252,6 +258,37 @@ def _delete(table: Table, paths: Sequence[str]) -> None:
             log.warning("cannot delete %s, which the table no longer refers to: %s", path, e)
 
 
+def _files(manifest: ManifestFile) -> int:
+    return (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
+
+
+def _tier(manifest: ManifestFile, spec_id: int) -> int | None:
+    """The :data:`MERGE_TIERS` tier of a manifest, or None if it is not merged (a delete manifest, one of another
+    partition spec, one as large as the last tier's merges make)."""
+    if manifest.content != ManifestContent.DATA or manifest.partition_spec_id != spec_id:
+        return None
+    return next((i for i, (files, _) in enumerate(MERGE_TIERS) if _files(manifest) < files), None)
+
+
+def _rewrite(writer: ManifestWriter, manifests: Sequence[ManifestFile], table: Table) -> None:
+    """Write the live entries of ``manifests`` (files added or kept, with their snapshot and sequence numbers) as
+    existing entries of the manifest ``writer`` writes; as pyiceberg's own merge of manifests does."""
+    for manifest in manifests:
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            writer.existing(entry)
+
+
+def _check_merge(writer: ManifestWriter, merged: Sequence[ManifestFile], added: int, table: str) -> None:
+    """A merged manifest lists every file the manifests it replaces listed, or the commit stops before it is made."""
+    written = writer.to_manifest_file()
+    if written.added_files_count != added or written.existing_files_count != sum(_files(m) for m in merged):
+        raise TableFormatError(
+            f"the {table}: merging {len(merged)} manifests wrote {written.existing_files_count} existing files' "
+            f"entries, and they list {sum(_files(m) for m in merged)}. Nothing was committed; the files stay pending. "
+            "Turn merging off (commit.manifest-merge.enabled=false) and report this."
+        )
+
+
 def _without_retries(table: Table) -> Table:
     """The same table, with pyiceberg's own commit retries off for transactions started on it. The property is set
     on this in-memory copy only: a commit sends its updates and requirements, never the properties read here."""
@@ -276,8 +313,6 @@ class IcebergDestination(Destination):
         self.location = table_location(self.output.url)
         self._catalog: Catalog | None = None
         self._table: Table | None = None
-        self._merged = 0
-        """The manifests the last merging commit of this object left (none yet: 0)."""
 
     @property
     def name(self) -> str:
@@ -514,8 +549,8 @@ class IcebergDestination(Destination):
         reach: Mapping[int, int],
     ) -> None:
         """One roll's commit: the append and the marks in one compare-and-swap of the table's metadata. A table of
-        format version 2 is committed directly (:meth:`_append`), unless its manifests are due a merge; the first
-        commit (which creates the table), a merge and other format versions go through a pyiceberg transaction."""
+        format version 2 is committed directly (:meth:`_append`); the first commit (which creates the table) and
+        other format versions go through a pyiceberg transaction."""
         tx: Transaction | None = None
         manifests: list[ManifestFile] | None = None
         metadata: TableMetadata
@@ -527,8 +562,6 @@ class IcebergDestination(Destination):
             if table is not None and table.metadata.format_version == 2:
                 metadata = table.metadata  # as loaded, no copy; nothing here changes it
                 manifests = self._live_manifests(table)
-                if self._merge_due(metadata, manifests):
-                    manifests = None
             if manifests is None:
                 tx = self._begin(table, schema)
                 metadata = tx.table_metadata  # a deep copy at each read (pyiceberg 0.12): read once
@@ -559,9 +592,6 @@ class IcebergDestination(Destination):
             for data_file in data_files:
                 append.append_data_file(data_file)
         self._table = tx.commit_transaction()
-        if table is not None:
-            current = self._table.current_snapshot()
-            self._merged = len(current.manifests(self._table.io)) if current is not None else 0
 
     def _live_manifests(self, table: Table) -> list[ManifestFile]:
         """The manifests of the table's current snapshot that a fast append keeps (those listing files)."""
@@ -569,21 +599,6 @@ class IcebergDestination(Destination):
         if current is None:
             return []
         return [m for m in current.manifests(table.io) if m.has_added_files() or m.has_existing_files()]
-
-    def _merge_due(self, metadata: TableMetadata, manifests: Sequence[ManifestFile]) -> bool:
-        """Whether this commit should merge the table's manifests (pyiceberg's merging append, as the table's
-        properties configure it): merging is on, and the commit would leave at least
-        ``commit.manifest.min-count-to-merge`` manifests beyond those the last merge left (a merge that could not
-        reduce them is not tried again at every commit)."""
-        properties = metadata.properties
-        if not property_as_bool(
-            properties, TableProperties.MANIFEST_MERGE_ENABLED, TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT
-        ):
-            return False
-        least = property_as_int(
-            properties, TableProperties.MANIFEST_MIN_MERGE_COUNT, TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT
-        )
-        return len(manifests) + 1 - self._merged >= max(2, least or 0)
 
     def _expired(self, metadata: TableMetadata, adding: int) -> list[int]:
         """The ids of the oldest snapshots beyond :attr:`keep_snapshots` once ``adding`` more are added, never one a
@@ -618,23 +633,45 @@ class IcebergDestination(Destination):
         spec, ice_schema = metadata.spec(), metadata.schema()
         where = table.location_provider()
         commit_uuid = uuid.uuid4()
-        manifest_path = where.new_metadata_location(f"{commit_uuid}-m0.avro")
-        list_path = where.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
-        with write_manifest(
-            format_version=2,
-            spec=spec,
-            schema=ice_schema,
-            output_file=table.io.new_output(manifest_path),
-            snapshot_id=snapshot_id,
-            avro_compression=compression,  # type: ignore[arg-type]
-        ) as writer:
+        paths: list[str] = []
+
+        def new_manifest() -> ManifestWriter:
+            paths.append(where.new_metadata_location(f"{commit_uuid}-m{len(paths)}.avro"))
+            return write_manifest(
+                format_version=2,
+                spec=spec,
+                schema=ice_schema,
+                output_file=table.io.new_output(paths[-1]),
+                snapshot_id=snapshot_id,
+                avro_compression=compression,  # type: ignore[arg-type]
+            )
+
+        merging = property_as_bool(
+            metadata.properties, TableProperties.MANIFEST_MERGE_ENABLED, TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT
+        )
+        tiers = [_tier(m, spec.spec_id) for m in manifests] if merging else [None] * len(manifests)
+        small = [m for m, t in zip(manifests, tiers, strict=True) if t == 0]
+        merged = small if len(small) + 1 >= MERGE_TIERS[0][1] else []
+        with new_manifest() as writer:
             for data_file in data_files:
                 writer.add(
                     ManifestEntry.from_args(
                         status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, data_file=data_file
                     )
                 )
-        added = writer.to_manifest_file()
+            _rewrite(writer, merged, table)
+        kept = [writer.to_manifest_file(), *(m for m in manifests if m not in merged)]
+        _check_merge(writer, merged, len(data_files), self.name)
+        for tier, (_, count) in enumerate(MERGE_TIERS[1:], start=1):
+            group = [m for m, t in zip(manifests, tiers, strict=True) if t == tier]
+            if not merged and len(group) >= count:
+                with new_manifest() as tier_writer:
+                    _rewrite(tier_writer, group, table)
+                _check_merge(tier_writer, group, 0, self.name)
+                kept = [m for m in kept if m not in group] + [tier_writer.to_manifest_file()]
+                merged = group
+        list_path = where.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
+        paths.append(list_path)
         with write_manifest_list(
             format_version=2,
             output_file=table.io.new_output(list_path),
@@ -643,7 +680,7 @@ class IcebergDestination(Destination):
             sequence_number=sequence_number,
             avro_compression=compression,  # type: ignore[arg-type]
         ) as list_writer:
-            list_writer.add_manifests([added, *manifests])
+            list_writer.add_manifests(kept)
         collector = SnapshotSummaryCollector(
             partition_summary_limit=property_as_int(
                 metadata.properties,
@@ -683,7 +720,7 @@ class IcebergDestination(Destination):
         try:
             response = table.catalog.commit_table(table, requirements, tuple(updates))
         except CommitFailedException:
-            _delete(table, [manifest_path, list_path])  # refused: nothing refers to them
+            _delete(table, paths)  # refused: nothing refers to them
             raise
         self._committed(table, response.metadata, response.metadata_location)
 

@@ -508,3 +508,51 @@ def test_the_embedded_catalog_is_a_plain_sql_catalog(tmp_path: Path) -> None:
     destination(str(out)).make_visible([a], w.written, SCHEMA)
     reader = SqlCatalog(iceberg_module.CATALOG_NAME, uri=f"sqlite:///{out / EMBEDDED_CATALOG}")
     assert reader.load_table(TABLE).scan().to_arrow().num_rows == 3
+
+
+@pytest.mark.timeout(180)
+def test_long_history_stays_bounded_and_reads_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many direct commits (smaller settings than the sink's, same code): the snapshots, the metadata log, the
+    metadata files and the manifests stay bounded; merged manifests list every file once; the marks outlive every
+    expired snapshot."""
+    monkeypatch.setattr(iceberg_module, "MERGE_TIERS", ((3, 4), (10, 3)))
+    monkeypatch.setattr(
+        iceberg_module,
+        "TABLE_PROPERTIES",
+        {**iceberg_module.TABLE_PROPERTIES, "write.metadata.previous-versions-max": "4"},
+    )
+    out = tmp_path / "out"
+    w = Writer(str(out))
+    d = destination(str(out))
+    d.keep_snapshots, d.expire_batch = 5, 3
+    files, most = [], 0
+    for i in range(1, 27):
+        f = w.file(f"part-{i:02d}", {i % 3: i}, i, [rows(i * 10, 2, "DE" if i % 2 else "FR")])
+        files.append(f)
+        d.make_visible([f], w.written, SCHEMA)
+        d.maintain()
+        table = d.catalog().load_table(TABLE)
+        current = table.current_snapshot()
+        assert current is not None
+        manifests = current.manifests(table.io)
+        assert sum((m.added_files_count or 0) + (m.existing_files_count or 0) for m in manifests) == i
+        most = max(most, len(manifests))
+        assert len(table.metadata.snapshots) <= 5
+        assert len(table.metadata.metadata_log) <= 4
+    assert most <= 3 + 2 + 26 // 12 + 1  # small ones, once-merged ones, twice-merged ones, the new one
+    assert max((m.existing_files_count or 0) for m in manifests) >= 12  # merged twice
+    assert len(table.metadata.snapshots) == 5
+    assert len(list((out / "metadata").glob("*.metadata.json"))) == 5  # the current one and the log's
+    entries = table.inspect.entries().to_pylist()
+    assert sorted(e["data_file"]["file_path"] for e in entries) == sorted(
+        f"{d.location}/{o.key}" for objs in w.written.values() for o in objs
+    )
+    assert {e["status"] for e in entries} == {0, 1}  # existing (merged) and added, none deleted
+    again = destination(str(out))
+    assert again.held(files) == {f.name for f in files}  # the marks outlive the snapshots
+    assert again.reach(table) == {0: 24, 1: 25, 2: 26}
+    assert multiset(scanned(again), COLUMNS) == multiset(w.expected, COLUMNS)
+    assert multiset(scanned(again, "country = 'FR'"), COLUMNS) == multiset(
+        [r for r in w.expected if r["country"] == "FR"], COLUMNS
+    )
+    assert multiset(polars_rows(again), COLUMNS) == multiset(w.expected, COLUMNS)
