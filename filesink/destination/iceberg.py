@@ -23,14 +23,20 @@
   would re-apply marks computed from the older one; this module turns that off for its own commits (in memory, the
   table is not changed) and retries itself: it reads the table again, drops the files now held, and builds the
   commit anew (:data:`COMMIT_ATTEMPTS`).
-- **History:** each commit adds a snapshot, and a commit's cost grows with the snapshots in the table's metadata;
-  :meth:`IcebergDestination.maintain` expires the oldest beyond :data:`KEEP_SNAPSHOTS` once :data:`EXPIRE_BATCH`
-  more have come (pyiceberg's expiry costs grow faster than the number of ids expired at once). Each commit also
-  adds a manifest, which every later scan reads: the sink's tables are created with manifest merging on (an append
-  merges the manifests into one once there are 100 small ones), and old metadata files are deleted after each
-  commit (:data:`TABLE_PROPERTIES`); a table created elsewhere keeps its own settings. Expiry leaves the files of
-  the expired snapshots (manifest lists, merged manifests) in ``metadata/``: removing them is left to the table's
-  orphan file clean-up.
+- **The commit itself** (a table of format version 2 that exists) is built here and sent with the catalog's
+  ``commit_table``: a manifest of the roll's files, a manifest list of it and the current snapshot's manifests, and
+  the updates (the marks, the snapshot, the ``main`` branch moved to it, the oldest snapshots removed) with two
+  requirements, the table's uuid and the snapshot it was built on. pyiceberg's transaction sends the same, but
+  deep-copies the whole table metadata at each of its ~20 reads of it, which was most of a commit's time. The
+  table's creation and other format versions go through pyiceberg's transaction.
+- **History:** each commit removes, in the same compare-and-swap, the oldest snapshots beyond
+  :data:`KEEP_SNAPSHOTS` (:meth:`IcebergDestination.maintain` expires what other commits leave), so the metadata
+  stays the same size; its metadata log is bounded and old metadata files are deleted after each commit
+  (:data:`TABLE_PROPERTIES`); manifests are merged in tiers (:data:`MERGE_TIERS`), so a commit reads and writes a
+  bounded manifest list and a merge rewrites a bounded number of entries. A table created elsewhere keeps its own
+  settings (without ``commit.manifest-merge.enabled`` nothing is merged). Expiry leaves the files of the expired
+  snapshots (manifest lists, merged manifests) in ``metadata/``: removing them is left to the table's orphan file
+  clean-up.
 
 pyiceberg 0.12 cannot itself read a file whose stored Arrow schema labels a timestamp with a zone other than UTC
 (other readers, polars' among them, read them as ``timestamptz``).
@@ -106,11 +112,11 @@ CATALOG_NAME = "filesink"
 EMBEDDED_CATALOG = "_filesink_iceberg_catalog.db"
 """The embedded catalog's SQLite file, in a local output's root."""
 KEEP_SNAPSHOTS = 100
-"""Snapshots kept by :meth:`IcebergDestination.maintain` (the newest; readers can travel back that many commits)."""
+"""Snapshots a table keeps (the newest; readers can travel back that many commits): a roll's commit removes the
+oldest beyond them."""
 EXPIRE_BATCH = 20
-"""Snapshots expired by one call of :meth:`IcebergDestination.maintain`, which expires once there are that many
-beyond :data:`KEEP_SNAPSHOTS` (one expiry per this many commits, so the history holds fewer than ``KEEP_SNAPSHOTS +
-EXPIRE_BATCH`` snapshots); a longer history (a table from elsewhere) shrinks a batch per call."""
+"""The most snapshots one commit removes (a longer history, from a table from elsewhere, shrinks by that many per
+commit); :meth:`IcebergDestination.maintain` expires once there are that many beyond :data:`KEEP_SNAPSHOTS`."""
 COMMIT_ATTEMPTS = 4
 """Commits of one roll that lose a race (another commit landed first) before the roll's commit fails."""
 TABLE_PROPERTIES = {
