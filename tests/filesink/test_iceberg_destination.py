@@ -384,6 +384,8 @@ def test_a_commit_that_lost_a_race_is_built_again_and_never_twice(
     table = d1.catalog().load_table(TABLE)
     assert len(table.metadata.snapshots) == 2
     assert sorted(r["id"] for r in scanned(d1)) == [0, 1, 10, 11]
+    # a manifest and a manifest list per commit: the refused attempt's were deleted
+    assert len(list((out / "metadata").glob("*.avro"))) == 4
 
 
 def test_after_an_error_the_table_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -556,3 +558,27 @@ def test_long_history_stays_bounded_and_reads_exactly(tmp_path: Path, monkeypatc
         [r for r in w.expected if r["country"] == "FR"], COLUMNS
     )
     assert multiset(polars_rows(again), COLUMNS) == multiset(w.expected, COLUMNS)
+
+
+def test_maintain_shortens_a_longer_history_a_batch_at_a_time(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    w = Writer(str(out))
+    d = destination(str(out))
+    files = [w.file(f"part-{i}", {i % 2: i}, i, [rows(i * 10, 2, "DE")]) for i in range(1, 9)]
+    for f in files:
+        d.make_visible([f], w.written, SCHEMA)
+    d.keep_snapshots, d.expire_batch = 3, 2  # a history longer than the sink keeps (a table from elsewhere)
+
+    def count() -> int:
+        return len(d.catalog().load_table(TABLE).metadata.snapshots)
+
+    counts = []
+    for _ in range(3):
+        d.maintain()
+        counts.append(count())
+    assert counts == [6, 4, 4]  # a batch at a time, and not for fewer than a batch
+    more = w.file("part-9", {0: 9}, 9, [rows(90, 2, "FR")])
+    d.make_visible([more], w.written, SCHEMA)
+    assert count() == 3  # the commit removes what is beyond the newest 3 (itself included)
+    assert destination(str(out)).held([*files, more]) == {f.name for f in [*files, more]}
+    assert multiset(scanned(d), COLUMNS) == multiset(w.expected, COLUMNS)
