@@ -23,14 +23,20 @@
   would re-apply marks computed from the older one; this module turns that off for its own commits (in memory, the
   table is not changed) and retries itself: it reads the table again, drops the files now held, and builds the
   commit anew (:data:`COMMIT_ATTEMPTS`).
-- **History:** each commit adds a snapshot, and a commit's cost grows with the snapshots in the table's metadata;
-  :meth:`IcebergDestination.maintain` expires the oldest beyond :data:`KEEP_SNAPSHOTS` once :data:`EXPIRE_BATCH`
-  more have come (pyiceberg's expiry costs grow faster than the number of ids expired at once). Each commit also
-  adds a manifest, which every later scan reads: the sink's tables are created with manifest merging on (an append
-  merges the manifests into one once there are 100 small ones), and old metadata files are deleted after each
-  commit (:data:`TABLE_PROPERTIES`); a table created elsewhere keeps its own settings. Expiry leaves the files of
-  the expired snapshots (manifest lists, merged manifests) in ``metadata/``: removing them is left to the table's
-  orphan file clean-up.
+- **The commit itself** (a table of format version 2 that exists) is built here and sent with the catalog's
+  ``commit_table``: a manifest of the roll's files, a manifest list of it and the current snapshot's manifests, and
+  the updates (the marks, the snapshot, the ``main`` branch moved to it, the oldest snapshots removed) with two
+  requirements, the table's uuid and the snapshot it was built on. pyiceberg's transaction sends the same, but
+  deep-copies the whole table metadata at each of its ~20 reads of it, which was most of a commit's time. The
+  table's creation and other format versions go through pyiceberg's transaction.
+- **History:** each commit removes, in the same compare-and-swap, the oldest snapshots beyond
+  :data:`KEEP_SNAPSHOTS` (:meth:`IcebergDestination.maintain` expires what other commits leave), so the metadata
+  stays the same size; its metadata log is bounded and old metadata files are deleted after each commit
+  (:data:`TABLE_PROPERTIES`); manifests are merged in tiers (:data:`MERGE_TIERS`), so a commit reads and writes a
+  bounded manifest list and a merge rewrites a bounded number of entries. A table created elsewhere keeps its own
+  settings (without ``commit.manifest-merge.enabled`` nothing is merged). Expiry leaves the files of the expired
+  snapshots (manifest lists, merged manifests) in ``metadata/``: removing them is left to the table's orphan file
+  clean-up.
 
 pyiceberg 0.12 cannot itself read a file whose stored Arrow schema labels a timestamp with a zone other than UTC
 (other readers, polars' among them, read them as ``timestamptz``).
@@ -41,6 +47,7 @@ from __future__ import annotations
 import decimal
 import json
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
@@ -56,15 +63,39 @@ from pyiceberg.io.pyarrow import (
     parquet_path_to_id_mapping,
     visit_pyarrow,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriter,
+    write_manifest,
+    write_manifest_list,
+)
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotsUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DecimalType, IcebergType, ListType, MapType, StructType
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
+from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from ..errors import TableCommitFailedError, TableFormatError
 from ..evolution import upgradable
@@ -82,11 +113,11 @@ CATALOG_NAME = "filesink"
 EMBEDDED_CATALOG = "_filesink_iceberg_catalog.db"
 """The embedded catalog's SQLite file, in a local output's root."""
 KEEP_SNAPSHOTS = 100
-"""Snapshots kept by :meth:`IcebergDestination.maintain` (the newest; readers can travel back that many commits)."""
+"""Snapshots a table keeps (the newest; readers can travel back that many commits): a roll's commit removes the
+oldest beyond them."""
 EXPIRE_BATCH = 20
-"""Snapshots expired by one call of :meth:`IcebergDestination.maintain`, which expires once there are that many
-beyond :data:`KEEP_SNAPSHOTS` (one expiry per this many commits, so the history holds fewer than ``KEEP_SNAPSHOTS +
-EXPIRE_BATCH`` snapshots); a longer history (a table from elsewhere) shrinks a batch per call."""
+"""The most snapshots one commit removes (a longer history, from a table from elsewhere, shrinks by that many per
+commit); :meth:`IcebergDestination.maintain` expires once there are that many beyond :data:`KEEP_SNAPSHOTS`."""
 COMMIT_ATTEMPTS = 4
 """Commits of one roll that lose a race (another commit landed first) before the roll's commit fails."""
 TABLE_PROPERTIES = {
@@ -94,9 +125,17 @@ TABLE_PROPERTIES = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
 }
-"""The properties a new table is created with: appends merge small manifests (the Java library's default, not
-pyiceberg's: without it a table has a manifest per commit, and planning a scan reads them all), old metadata files are
-deleted (the newest 100 kept)."""
+"""The properties a new table is created with: manifests are merged (the Java library's default, not pyiceberg's:
+without it a table has a manifest per commit, and planning a scan reads them all; :data:`MERGE_TIERS` says how the
+sink merges), old metadata files are deleted (the newest 100 kept)."""
+MERGE_TIERS = ((10, 10), (100, 10), (1_000, 10))
+"""How a roll's commit merges a table's manifests (when ``commit.manifest-merge.enabled``): per tier, (files, count):
+once the commit would leave ``count`` data manifests each listing fewer than ``files`` files (and at least the tier
+before's), it writes them as one. A commit makes a small manifest (its own files); 10 of them become one of at least
+10 files, 10 of those one of at least 100, 10 of those one of at least 1,000, which is never merged again. A merge
+rewrites what it merges, so its cost is bounded (about 1,000 files' entries once per 1,000 commits, 100 once per
+100, 10 once per 10) and never grows with the table, and a commit's manifest list holds at most 28 manifests plus
+one per 1,000 files (every commit reads it and writes it again: about 0.2 ms a manifest)."""
 NAME_MAPPING = "schema.name-mapping.default"
 _NO_RETRIES = {"commit.retry.num-retries": "0"}
 
@@ -207,6 +246,14 @@ _PARTITION_TYPES = (
 )
 
 
+def _differs(current: Schema, schema: pa.Schema) -> bool:
+    """Whether the table's schema ``current`` is not the sink's files' ``schema`` (as Iceberg types)."""
+    want = iceberg_schema(schema)
+    return [(f.name, _shape(f.field_type)) for f in current.fields] != [
+        (f.name, _shape(f.field_type)) for f in want.fields
+    ]
+
+
 def _older_columns(have: Schema, want: Schema) -> set[str]:
     """The columns whose type in the table ``have`` is an older one of the sink's ``want`` (fields added inside,
     types widened as the sink takes them): the next commit evolves the table."""
@@ -223,6 +270,46 @@ def _partition_value(value: object, scale: int | None) -> object:
     if isinstance(value, decimal.Decimal) and scale is not None:
         return value.quantize(decimal.Decimal(1).scaleb(-scale))
     return value
+
+
+def _delete(table: Table, paths: Sequence[str]) -> None:
+    """Delete files of the table's metadata that nothing refers to; a failure is logged (they are only left over)."""
+    for path in paths:
+        try:
+            table.io.delete(path)
+        except Exception as e:
+            log.warning("cannot delete %s, which the table no longer refers to: %s", path, e)
+
+
+def _files(manifest: ManifestFile) -> int:
+    return (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
+
+
+def _tier(manifest: ManifestFile, spec_id: int) -> int | None:
+    """The :data:`MERGE_TIERS` tier of a manifest, or None if it is not merged (a delete manifest, one of another
+    partition spec, one as large as the last tier's merges make)."""
+    if manifest.content != ManifestContent.DATA or manifest.partition_spec_id != spec_id:
+        return None
+    return next((i for i, (files, _) in enumerate(MERGE_TIERS) if _files(manifest) < files), None)
+
+
+def _rewrite(writer: ManifestWriter, manifests: Sequence[ManifestFile], table: Table) -> None:
+    """Write the live entries of ``manifests`` (files added or kept, with their snapshot and sequence numbers) as
+    existing entries of the manifest ``writer`` writes; as pyiceberg's own merge of manifests does."""
+    for manifest in manifests:
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            writer.existing(entry)
+
+
+def _check_merge(writer: ManifestWriter, merged: Sequence[ManifestFile], added: int, table: str) -> None:
+    """A merged manifest lists every file the manifests it replaces listed, or the commit stops before it is made."""
+    written = writer.to_manifest_file()
+    if written.added_files_count != added or written.existing_files_count != sum(_files(m) for m in merged):
+        raise TableFormatError(
+            f"the {table}: merging {len(merged)} manifests wrote {written.existing_files_count} existing files' "
+            f"entries, and they list {sum(_files(m) for m in merged)}. Nothing was committed; the files stay pending. "
+            "Turn merging off (commit.manifest-merge.enabled=false) and report this."
+        )
 
 
 def _without_retries(table: Table) -> Table:
@@ -447,14 +534,10 @@ class IcebergDestination(Destination):
         """The sink's newer schema (:mod:`filesink.evolution`) in the commit's transaction, before the snapshot of
         the first files that hold its new columns: new columns and fields get new ids, wider types are Iceberg's
         promotions (int to long, float to double, a decimal's precision). Nothing when the table has it already."""
-        want = iceberg_schema(schema)
-        current = tx.table_metadata.schema()
-        if [(f.name, _shape(f.field_type)) for f in current.fields] == [
-            (f.name, _shape(f.field_type)) for f in want.fields
-        ]:
+        if not _differs(tx.table_metadata.schema(), schema):
             return
         with tx.update_schema() as update:
-            update.union_by_name(want)
+            update.union_by_name(iceberg_schema(schema))
 
     def make_visible(
         self, files: Sequence[PlannedFile], written: Mapping[str, Sequence[WrittenObject]], schema: pa.Schema
@@ -500,15 +583,27 @@ class IcebergDestination(Destination):
         schema: pa.Schema,
         reach: Mapping[int, int],
     ) -> None:
+        """One roll's commit: the append and the marks in one compare-and-swap of the table's metadata. A table of
+        format version 2 is committed directly (:meth:`_append`); the first commit (which creates the table) and
+        other format versions go through a pyiceberg transaction."""
+        tx: Transaction | None = None
+        manifests: list[ManifestFile] | None = None
+        metadata: TableMetadata
         try:
-            tx = self._begin(table, schema)
-            if table is not None:
-                self._evolve(tx, schema)
             marks = dict(reach)
             for f in pending:
                 for v, e in marks_of(f).items():
                     marks[v] = max(marks.get(v, -1), e)
-            metadata = tx.table_metadata  # a deep copy at each read (pyiceberg 0.12): read once
+            # A commit that changes the table's schema (rare: the sink's schema evolved) goes through the transaction
+            evolving = table is not None and _differs(table.schema(), schema)
+            if table is not None and table.metadata.format_version == 2 and not evolving:
+                metadata = table.metadata  # as loaded, no copy; nothing here changes it
+                manifests = self._live_manifests(table)
+            if manifests is None:
+                tx = self._begin(table, schema)
+                if evolving:
+                    self._evolve(tx, schema)
+                metadata = tx.table_metadata  # a deep copy at each read (pyiceberg 0.12): read once
             data_files = [self._data_file(obj, metadata, schema) for f in pending for obj in written[f.name]]
         except (CommitFailedException, TableAlreadyExistsError, TableFormatError):
             raise
@@ -526,6 +621,10 @@ class IcebergDestination(Destination):
             "filesink.epochs": f"{min(min(f.starts.values(), default=f.end_epoch) for f in pending)}-"
             f"{max(f.end_epoch for f in pending)}",
         }
+        if tx is None:
+            assert table is not None and manifests is not None
+            self._append(table, data_files, manifests, properties, summary)
+            return
         tx.set_properties(properties)
         # merge_append is a fast append unless the table has commit.manifest-merge.enabled (TABLE_PROPERTIES)
         with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
@@ -533,24 +632,173 @@ class IcebergDestination(Destination):
                 append.append_data_file(data_file)
         self._table = tx.commit_transaction()
 
+    def _live_manifests(self, table: Table) -> list[ManifestFile]:
+        """The manifests of the table's current snapshot that a fast append keeps (those listing files)."""
+        current = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        if current is None:
+            return []
+        return [m for m in current.manifests(table.io) if m.has_added_files() or m.has_existing_files()]
+
+    def _expired(self, metadata: TableMetadata, adding: int) -> list[int]:
+        """The ids of the oldest snapshots beyond :attr:`keep_snapshots` once ``adding`` more are added, never one a
+        branch or tag points at, at most :attr:`expire_batch`."""
+        protected = {ref.snapshot_id for ref in metadata.refs.values()}
+        snapshots = sorted(metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+        old = snapshots[: max(0, len(snapshots) + adding - self.keep_snapshots)]
+        return [s.snapshot_id for s in old if s.snapshot_id not in protected][: self.expire_batch]
+
+    def _append(
+        self,
+        table: Table,
+        data_files: Sequence[DataFile],
+        manifests: Sequence[ManifestFile],
+        properties: Mapping[str, str],
+        summary: Mapping[str, str],
+    ) -> None:
+        """Commit ``data_files`` as one snapshot (a fast append: a manifest of them, and a manifest list of it and
+        ``manifests``, the current snapshot's), with the table ``properties`` set and the oldest snapshots beyond
+        :attr:`keep_snapshots` removed, in one call of the catalog's ``commit_table``: it asserts the table and the
+        snapshot the commit was built on, so a commit that lost a race fails (``CommitFailedException``) and changes
+        nothing. pyiceberg's transaction would build the same updates, copying the table's metadata at each of its
+        reads (its cost, not the append's, was most of a commit)."""
+        metadata = table.metadata
+        parent = metadata.snapshot_by_name(MAIN_BRANCH)
+        parent_id = parent.snapshot_id if parent is not None else None
+        snapshot_id = metadata.new_snapshot_id()
+        sequence_number = metadata.next_sequence_number()
+        compression = metadata.properties.get(
+            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+        )
+        spec, ice_schema = metadata.spec(), metadata.schema()
+        where = table.location_provider()
+        commit_uuid = uuid.uuid4()
+        paths: list[str] = []
+
+        def new_manifest() -> ManifestWriter:
+            paths.append(where.new_metadata_location(f"{commit_uuid}-m{len(paths)}.avro"))
+            return write_manifest(
+                format_version=2,
+                spec=spec,
+                schema=ice_schema,
+                output_file=table.io.new_output(paths[-1]),
+                snapshot_id=snapshot_id,
+                avro_compression=compression,  # type: ignore[arg-type]
+            )
+
+        merging = property_as_bool(
+            metadata.properties, TableProperties.MANIFEST_MERGE_ENABLED, TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT
+        )
+        tiers = [_tier(m, spec.spec_id) for m in manifests] if merging else [None] * len(manifests)
+        small = [m for m, t in zip(manifests, tiers, strict=True) if t == 0]
+        merged = small if len(small) + 1 >= MERGE_TIERS[0][1] else []  # with the new manifest
+        with new_manifest() as writer:
+            for data_file in data_files:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, data_file=data_file
+                    )
+                )
+            _rewrite(writer, merged, table)
+        kept = [writer.to_manifest_file(), *(m for m in manifests if m not in merged)]
+        _check_merge(writer, merged, len(data_files), self.name)
+        for tier, (_, count) in enumerate(MERGE_TIERS[1:], start=1):
+            group = [m for m, t in zip(manifests, tiers, strict=True) if t == tier]
+            if not merged and len(group) >= count:
+                with new_manifest() as tier_writer:
+                    _rewrite(tier_writer, group, table)
+                _check_merge(tier_writer, group, 0, self.name)
+                kept = [m for m in kept if m not in group] + [tier_writer.to_manifest_file()]
+                merged = group
+        list_path = where.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
+        paths.append(list_path)
+        with write_manifest_list(
+            format_version=2,
+            output_file=table.io.new_output(list_path),
+            snapshot_id=snapshot_id,
+            parent_snapshot_id=parent_id,
+            sequence_number=sequence_number,
+            avro_compression=compression,  # type: ignore[arg-type]
+        ) as list_writer:
+            list_writer.add_manifests(kept)
+        collector = SnapshotSummaryCollector(
+            partition_summary_limit=property_as_int(
+                metadata.properties,
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
+            )
+            or 0
+        )
+        for data_file in data_files:
+            collector.add_file(data_file, schema=ice_schema, partition_spec=spec)
+        # pyiceberg's models take their fields' names as well as their aliases (mypy only sees the aliases)
+        snapshot = Snapshot(  # type: ignore[call-arg]
+            snapshot_id=snapshot_id,
+            parent_snapshot_id=parent_id,
+            sequence_number=sequence_number,
+            manifest_list=list_path,
+            summary=update_snapshot_summaries(
+                summary=Summary(operation=Operation.APPEND, **collector.build(), **summary),
+                previous_summary=parent.summary if parent is not None else None,
+            ),
+            schema_id=metadata.current_schema_id,
+        )
+        updates: list[TableUpdate] = [SetPropertiesUpdate(updates=dict(properties))]
+        expired = self._expired(metadata, adding=1)
+        if expired:
+            updates.append(RemoveSnapshotsUpdate(snapshot_ids=expired))  # type: ignore[call-arg]
+        updates += [
+            AddSnapshotUpdate(snapshot=snapshot),
+            SetSnapshotRefUpdate(  # type: ignore[call-arg]
+                ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id
+            ),
+        ]
+        requirements: tuple[TableRequirement, ...] = (
+            AssertTableUUID(uuid=metadata.table_uuid),
+            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=parent_id),  # type: ignore[call-arg]
+        )
+        try:
+            response = table.catalog.commit_table(table, requirements, tuple(updates))
+        except CommitFailedException:
+            _delete(table, paths)  # refused: nothing refers to them
+            raise
+        self._committed(table, response.metadata, response.metadata_location)
+
+    def _committed(self, table: Table, metadata: TableMetadata, location: str) -> None:
+        """After a direct commit: the table as committed, and the metadata files that fell out of its metadata log
+        deleted if the table says so (``write.metadata.delete-after-commit.enabled``), as pyiceberg's commits do."""
+        if property_as_bool(
+            metadata.properties,
+            TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED,
+            TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED_DEFAULT,
+        ):
+            kept = {entry.metadata_file for entry in metadata.metadata_log}
+            _delete(table, [e.metadata_file for e in table.metadata.metadata_log if e.metadata_file not in kept])
+        self._table = Table(table.name(), metadata, location, table.io, table.catalog, table.config)
+
     # -- history -----------------------------------------------------------------------------------------------
 
     def maintain(self) -> None:
         """Expire the oldest snapshots beyond :attr:`keep_snapshots` once there are :attr:`expire_batch` of them (at
-        most that many at once). A failure is logged, not raised: the next call tries again, and a longer history
+        most that many at once). A roll's direct commit expires them itself (:meth:`_append`); this is for the
+        history other commits leave (the table's creation, a manifest merge, another format version, a longer
+        history from elsewhere). A failure is logged, not raised: the next call tries again, and a longer history
         only costs time."""
         try:
             table = self._table if self._table is not None else self._load()
             if table is None:
                 return
-            snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
-            protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
-            old = [s.snapshot_id for s in snapshots[: max(0, len(snapshots) - self.keep_snapshots)]]
-            old = [i for i in old if i not in protected][: self.expire_batch]
-            if not old or len(old) < self.expire_batch:
+            old = self._expired(table.metadata, adding=0)
+            if len(old) < self.expire_batch:
                 return
-            table.maintenance.expire_snapshots().by_ids(old).commit()
-            self._table = table
+            current = table.metadata.snapshot_by_name(MAIN_BRANCH)
+            requirements = (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+                AssertRefSnapshotId(  # type: ignore[call-arg]
+                    ref=MAIN_BRANCH, snapshot_id=current.snapshot_id if current else None
+                ),
+            )
+            response = table.catalog.commit_table(table, requirements, (RemoveSnapshotsUpdate(snapshot_ids=old),))  # type: ignore[call-arg]
+            self._committed(table, response.metadata, response.metadata_location)
         except Exception as e:
             self._table = None
             log.warning(

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("pyiceberg")
 
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table
 
 from filesink.destination import iceberg as iceberg_module
 from filesink.destination import open_destination, table_options
@@ -386,42 +386,45 @@ def test_a_commit_that_lost_a_race_is_built_again_and_never_twice(
     table = d1.catalog().load_table(TABLE)
     assert len(table.metadata.snapshots) == 2
     assert sorted(r["id"] for r in scanned(d1)) == [0, 1, 10, 11]
+    # a manifest and a manifest list per commit: the refused attempt's were deleted
+    assert len(list((out / "metadata").glob("*.avro"))) == 4
 
 
 def test_after_an_error_the_table_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catalog's commit_table is where both commit paths (a pyiceberg transaction, a direct append) commit."""
     out = tmp_path / "out"
     w = Writer(str(out))
     files = [w.file(f"part-{i}", {0: i}, i, [rows(10 * i, 2, "DE")]) for i in range(1, 5)]
     d = destination(str(out))
     d.make_visible(files[:1], w.written, SCHEMA)
-    real = Transaction.commit_transaction
+    real = SqlCatalog.commit_table
 
-    def landed_then_lost(self: Transaction) -> Any:
-        real(self)
+    def landed_then_lost(self: SqlCatalog, *args: Any) -> Any:
+        real(self, *args)
         raise ConnectionError("the response was lost")
 
-    monkeypatch.setattr(Transaction, "commit_transaction", landed_then_lost)
+    monkeypatch.setattr(SqlCatalog, "commit_table", landed_then_lost)
     d.make_visible(files[1:2], w.written, SCHEMA)  # landed: done
     assert d.held(files[1:2]) == {"part-2"}
 
-    def refused(self: Transaction) -> Any:
+    def refused(self: SqlCatalog, *args: Any) -> Any:
         raise ConnectionError("the catalog is away")
 
-    monkeypatch.setattr(Transaction, "commit_transaction", refused)
+    monkeypatch.setattr(SqlCatalog, "commit_table", refused)
     with pytest.raises(TableCommitFailedError, match="did not land"):
         d.make_visible(files[2:3], w.written, SCHEMA)
 
     real_load = d._load
 
-    def unreadable_after_commit(self: Transaction) -> Any:
+    def unreadable_after_commit(self: SqlCatalog, *args: Any) -> Any:
         monkeypatch.setattr(d, "_load", lambda: (_ for _ in ()).throw(ConnectionError("no route")))
         raise ConnectionError("the catalog is away")
 
-    monkeypatch.setattr(Transaction, "commit_transaction", unreadable_after_commit)
+    monkeypatch.setattr(SqlCatalog, "commit_table", unreadable_after_commit)
     with pytest.raises(TableCommitUnknownError, match="could not be read again"):
         d.make_visible(files[3:4], w.written, SCHEMA)
     monkeypatch.setattr(d, "_load", real_load)
-    monkeypatch.setattr(Transaction, "commit_transaction", real)
+    monkeypatch.setattr(SqlCatalog, "commit_table", real)
     assert d.held(files) == {"part-1", "part-2"}
     d.make_visible(files, w.written, SCHEMA)
     assert d.held(files) == {f.name for f in files}
@@ -509,3 +512,75 @@ def test_the_embedded_catalog_is_a_plain_sql_catalog(tmp_path: Path) -> None:
     destination(str(out)).make_visible([a], w.written, SCHEMA)
     reader = SqlCatalog(iceberg_module.CATALOG_NAME, uri=f"sqlite:///{out / EMBEDDED_CATALOG}")
     assert reader.load_table(TABLE).scan().to_arrow().num_rows == 3
+
+
+@pytest.mark.timeout(180)
+def test_long_history_stays_bounded_and_reads_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many direct commits (smaller settings than the sink's, same code): the snapshots, the metadata log, the
+    metadata files and the manifests stay bounded; merged manifests list every file once; the marks outlive every
+    expired snapshot."""
+    monkeypatch.setattr(iceberg_module, "MERGE_TIERS", ((3, 4), (10, 3)))
+    monkeypatch.setattr(
+        iceberg_module,
+        "TABLE_PROPERTIES",
+        {**iceberg_module.TABLE_PROPERTIES, "write.metadata.previous-versions-max": "4"},
+    )
+    out = tmp_path / "out"
+    w = Writer(str(out))
+    d = destination(str(out))
+    d.keep_snapshots, d.expire_batch = 5, 3
+    files, most = [], 0
+    for i in range(1, 27):
+        f = w.file(f"part-{i:02d}", {i % 3: i}, i, [rows(i * 10, 2, "DE" if i % 2 else "FR")])
+        files.append(f)
+        d.make_visible([f], w.written, SCHEMA)
+        d.maintain()
+        table = d.catalog().load_table(TABLE)
+        current = table.current_snapshot()
+        assert current is not None
+        manifests = current.manifests(table.io)
+        assert sum((m.added_files_count or 0) + (m.existing_files_count or 0) for m in manifests) == i
+        most = max(most, len(manifests))
+        assert len(table.metadata.snapshots) <= 5
+        assert len(table.metadata.metadata_log) <= 4
+    assert most <= 3 + 2 + 26 // 12 + 1  # small ones, once-merged ones, twice-merged ones, the new one
+    assert max((m.existing_files_count or 0) for m in manifests) >= 12  # merged twice
+    assert len(table.metadata.snapshots) == 5
+    assert len(list((out / "metadata").glob("*.metadata.json"))) == 5  # the current one and the log's
+    entries = table.inspect.entries().to_pylist()
+    assert sorted(e["data_file"]["file_path"] for e in entries) == sorted(
+        f"{d.location}/{o.key}" for objs in w.written.values() for o in objs
+    )
+    assert {e["status"] for e in entries} == {0, 1}  # existing (merged) and added, none deleted
+    again = destination(str(out))
+    assert again.held(files) == {f.name for f in files}  # the marks outlive the snapshots
+    assert again.reach(table) == {0: 24, 1: 25, 2: 26}
+    assert multiset(scanned(again), COLUMNS) == multiset(w.expected, COLUMNS)
+    assert multiset(scanned(again, "country = 'FR'"), COLUMNS) == multiset(
+        [r for r in w.expected if r["country"] == "FR"], COLUMNS
+    )
+    assert multiset(polars_rows(again), COLUMNS) == multiset(w.expected, COLUMNS)
+
+
+def test_maintain_shortens_a_longer_history_a_batch_at_a_time(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    w = Writer(str(out))
+    d = destination(str(out))
+    files = [w.file(f"part-{i}", {i % 2: i}, i, [rows(i * 10, 2, "DE")]) for i in range(1, 9)]
+    for f in files:
+        d.make_visible([f], w.written, SCHEMA)
+    d.keep_snapshots, d.expire_batch = 3, 2  # a history longer than the sink keeps (a table from elsewhere)
+
+    def count() -> int:
+        return len(d.catalog().load_table(TABLE).metadata.snapshots)
+
+    counts = []
+    for _ in range(3):
+        d.maintain()
+        counts.append(count())
+    assert counts == [6, 4, 4]  # a batch at a time, and not for fewer than a batch
+    more = w.file("part-9", {0: 9}, 9, [rows(90, 2, "FR")])
+    d.make_visible([more], w.written, SCHEMA)
+    assert count() == 3  # the commit removes what is beyond the newest 3 (itself included)
+    assert destination(str(out)).held([*files, more]) == {f.name for f in [*files, more]}
+    assert multiset(scanned(d), COLUMNS) == multiset(w.expected, COLUMNS)
