@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from evolve_job import EPOCHS, FIRST_V2, HOLD, expected, open_sink, run
+from evolve_job import EPOCHS, FIRST_V2, HOLD, ICEBERG_TABLE, expected, open_sink, run
 from helpers import SUPPORT, communicate, support_env
 
 from filesink import ExactlyOnceParquetSink, SchemaMismatchError
@@ -139,3 +139,23 @@ def test_a_batch_without_a_column_is_refused_or_filled_with_nulls(spark, tmp_pat
     assert table.schema.names == ["id", "name", "p"]
     got = Counter((r["id"], r["name"], r["p"]["x"]) for r in table.to_pylist())
     assert got == Counter([(i, f"n{i}", i) for i in range(5)] + [(i, None, i) for i in range(5, 10)])
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_restarted_query_evolves_a_table(spark, tmp_path, table_format):
+    """The same query into a Delta table (new column and field) and an Iceberg table (a widened type too), read back
+    with Polars' table readers."""
+    pytest.importorskip("deltalake" if table_format == "delta" else "pyiceberg")
+    state, output = tmp_path / "state", tmp_path / "table"
+    run(spark, str(state), str(output), table_format)
+    if table_format == "delta":
+        frame = pl.read_delta(str(output))
+    else:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        from filesink.destination.iceberg import CATALOG_NAME, EMBEDDED_CATALOG
+
+        catalog = SqlCatalog(CATALOG_NAME, uri=f"sqlite:///{output / EMBEDDED_CATALOG}", warehouse=f"file://{output}")
+        frame = pl.scan_iceberg(catalog.load_table(ICEBERG_TABLE)).collect()
+    assert frame.columns == ["id", "n", "p", "extra"]
+    assert _rows(frame.to_arrow()) == expected(table_format=table_format)
