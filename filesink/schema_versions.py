@@ -106,6 +106,22 @@ def _converted(version: SchemaVersion, zone: str) -> pa.Schema | None:
     return None if converted is None else file_schema(converted)
 
 
+def filled_schema(schema: Any, ledger: Ledger, keep: tuple[str, ...]) -> Any:
+    """The Spark ``schema`` of a batch after :func:`fill_missing_columns`, for a check before the query starts."""
+    from pyspark.sql import types as T
+
+    history = ledger.schema_history()
+    if not history or history[-1].spark_type is None:
+        return schema
+    recorded = T.StructType.fromJson(json.loads(history[-1].spark_type))
+    names = schema.fieldNames()
+    missing = [f.name for f in recorded.fields if f.name not in names and f.name not in keep]
+    if not missing:
+        return schema
+    fields = [recorded[n] if n in missing else schema[n] for n in recorded.fieldNames() if n in missing or n in names]
+    return T.StructType(fields + [f for f in schema.fields if f.name not in recorded.fieldNames()])
+
+
 def fill_missing_columns(df: Any, ledger: Ledger, keep: tuple[str, ...]) -> Any:
     """``df`` with the sink's columns it lacks added as nulls of their recorded types (the sink's
     ``fill_missing_columns``), the sink's columns first in their order; ``keep`` (key and partition columns) are

@@ -93,7 +93,7 @@ from .schema import (
     unhashable_reason,
     unwritable_columns,
 )
-from .schema_versions import NewVersion, check_batch_schema, fill_missing_columns
+from .schema_versions import NewVersion, check_batch_schema, fill_missing_columns, filled_schema
 from .sizing import Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
@@ -545,6 +545,8 @@ class ExactlyOnceParquetSink:
             return
         with self._lock:
             self._check_usable()
+            if self._description.fill_missing_columns:
+                schema = filled_schema(schema, self._ledger, (*(self.key_columns or ()), *self.partition_by))
             self._check_schema(schema)
 
     def flush(self) -> None:

@@ -298,3 +298,18 @@ def test_a_version_no_seal_used_is_taken_back(tmp_path):
         assert sink.recorded_spark_schema() == [("id", "bigint"), ("n", "int"), ("p", "struct<x:int>")]
         other = sink._check_schema(_spark(*[(f.name, f.dataType) for f in V1.fields], ("more", T.StringType())), 1)
         assert other is not None and other.changes == ("more (string) added",)
+
+
+def test_a_check_before_the_query_fills_missing_columns_too(tmp_path):
+    """``filesink run`` checks the input's schema before it starts the query: a sink that fills missing columns
+    takes a schema without them there too, as it does at the batch."""
+    without_n = _spark(("id", T.LongType()), ("p", V1["p"].dataType))
+    with _sink(tmp_path / "filling", fill_missing_columns=True) as sink:
+        sink.check_schema(V1)
+        sink.log_store.seal(0, [])
+        sink.check_schema(without_n)
+        assert [v.version for v in sink.ledger.schema_history()] == [1]
+    with _sink(tmp_path / "refusing") as sink, pytest.raises(SchemaMismatchError, match=r"n \(int\) is gone"):
+        sink.check_schema(V1)
+        sink.log_store.seal(0, [])
+        sink.check_schema(without_n)
