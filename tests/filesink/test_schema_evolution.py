@@ -141,6 +141,7 @@ def test_a_batch_without_a_column_is_refused_or_filled_with_nulls(spark, tmp_pat
     assert got == Counter([(i, f"n{i}", i) for i in range(5)] + [(i, None, i) for i in range(5, 10)])
 
 
+@pytest.mark.chaos  # the default tier evolves both tables without Spark's jobs (test_table_evolution.py)
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_a_restarted_query_evolves_a_table(spark, tmp_path, table_format):
     """The same query into a Delta table (new column and field) and an Iceberg table (a widened type too), read back
