@@ -313,3 +313,23 @@ def test_a_check_before_the_query_fills_missing_columns_too(tmp_path):
         sink.check_schema(V1)
         sink.log_store.seal(0, [])
         sink.check_schema(without_n)
+
+
+def test_a_column_becoming_nullable_is_taken_as_it_is(tmp_path):
+    """The files' fields are nullable at every depth already: a column (or a nested field) that was not nullable
+    becoming nullable changes nothing, and its nulls are written."""
+    strict = T.StructType(
+        [
+            T.StructField("id", T.LongType(), nullable=False),
+            T.StructField("n", T.IntegerType(), nullable=False),
+            T.StructField("p", T.StructType([T.StructField("x", T.IntegerType(), nullable=False)]), nullable=False),
+        ]
+    )
+    loose = T.StructType([T.StructField(f.name, f.dataType, nullable=True) for f in V1.fields])
+    with _sink(tmp_path) as sink:
+        sink.check_schema(strict)
+        sink.log_store.seal(0, [])
+        assert sink._check_schema(loose, 1) is None
+        assert [v.version for v in sink.ledger.schema_history()] == [1]
+    rows = pa.record_batch([pa.array([1, None], pa.int32())], names=["n"])
+    assert upgrade(rows, file_schema(pa.schema([pa.field("n", pa.int32(), nullable=False)]))) is not None
