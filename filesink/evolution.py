@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .schema import conformable
+from .schema import assembled, conformable
 
 _INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
 
@@ -264,9 +264,4 @@ def upgrade(batch: pa.RecordBatch, schema: pa.Schema, *, keep: tuple[str, ...] =
         if not field.nullable and column.null_count:
             return None
         arrays.append(column)
-    fields = list(schema)
-    for name in keep:
-        if name in batch.schema.names:
-            arrays.append(batch.column(name))
-            fields.append(batch.schema.field(name))
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
+    return assembled(batch, schema, arrays, keep)

@@ -321,7 +321,16 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str, *, keep: tuple
                 f"{where} have nulls in column {field.name!r}, which the sink schema declares not null"
             )
         arrays.append(column)
+    return assembled(batch, schema, arrays, keep)
+
+
+def assembled(
+    batch: pa.RecordBatch, schema: pa.Schema, arrays: list[pa.Array], keep: tuple[str, ...]
+) -> pa.RecordBatch:
+    """A batch of ``arrays`` (one per field of ``schema``) and, after them, the columns of ``batch`` named in
+    ``keep`` as they are."""
     fields = list(schema)
+    arrays = list(arrays)
     for name in keep:
         if name in batch.schema.names:
             arrays.append(batch.column(name))
