@@ -232,7 +232,7 @@ def campaign(
     Into a ``table`` (Delta, Iceberg) rather than a directory, the table is checked after every kill and at the end
     (:class:`table_checker.TableWatch`): its rows, its commits and files, and that files outside it are committed
     by the next start that recovers; the sink's commits must stay within one per roll of ``ROLL_EPOCHS`` batches
-    plus one per run (a roll that a kill split, the last run's flush): a commit per micro-batch would pass it.
+    plus one per run (a roll that a kill split, the last run's flush): a commit per micro-batch would exceed it.
 
     The report's figures state the kills (overlaps included), paused writers, state losses and overlaps that
     happened, and how overlapping runs ended on their own; for a table, its commits and files."""
