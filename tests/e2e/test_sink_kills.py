@@ -7,7 +7,11 @@ sink rebuilds its state from the log store's durable home, and some kills are a 
 next driver, on a new state directory, takes over while the current one still runs on the same checkpoint,
 which is killed a moment later if it did not stop on its own (fenced, or stopped by Spark). With the default log
 store (under the state directory), a lost state is refused (the output belongs to the lost sink), never written
-over. Seeded: a failure names its seed, and the same seed replays the same campaign."""
+over. Seeded: a failure names its seed, and the same seed replays the same campaign.
+
+The same campaigns run into a Delta and an Iceberg table (chaos tier): there the table is the truth, read with
+deltalake or pyiceberg after every kill and at the end (``table_checker.py``): its rows, one commit per roll, its
+files the sink's as written, and files outside it only until the next start has recovered."""
 
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ from helpers import (
 )
 from helpers import kill as kill_process
 from sink_helpers import COLUMNS, batch_rows, parquet_files, read_pyarrow
+from sink_job import ROLL_EPOCHS
+from table_checker import TableTarget, TableWatch
 
 from logstore.failpoints import DIR_VAR, ENV_VAR, fired
 
@@ -56,13 +62,17 @@ def _start(
     env: dict[str, str] | None = None,
     log_store: str | None = None,
     state: Path | None = None,
+    table: TableTarget | None = None,
 ) -> subprocess.Popen[str]:
     """Start the job: its state in ``state`` (default ``tmp_path/"state"``), its log store at ``log_store``
-    (default under the state), Spark's checkpoint in ``tmp_path/"checkpoint"``."""
+    (default under the state), Spark's checkpoint in ``tmp_path/"checkpoint"``; into ``table`` if given (else a
+    directory)."""
     full = support_env()
     full["SINK_JOB_S3"] = json.dumps(options or {})
     if log_store:
         full["SINK_JOB_LOG_STORE"] = log_store
+    if table is not None:
+        full.update(table.env())
     full.update(env or {})
     args = [
         sys.executable,
@@ -106,12 +116,13 @@ def _zombie_run(
     shared: Path,
     log_store: str | None = None,
     state: Path | None = None,
+    table: TableTarget | None = None,
 ) -> tuple[int, str]:
     """Run the job until one of its file writers pauses itself (SIGSTOP) before publishing; kill the job,
     leaving the paused writer behind. Returns the writer's pid and the object it was about to publish."""
     shared.mkdir()
     env = {ENV_VAR: "filesink.write.publish.before=stop@once", DIR_VAR: str(shared)}
-    proc = _start(tmp_path, out, options, parallelism, env, log_store, state)
+    proc = _start(tmp_path, out, options, parallelism, env, log_store, state, table)
     wait_until(lambda: bool(fired(str(shared))), 180, "a writer to pause", proc=proc)
     _name, pid, key = fired(str(shared))[0]
     wait_until(lambda: process_state(pid) == "T", 180, "the writer to stop", proc=proc)
@@ -197,6 +208,7 @@ def campaign(
     state_losses: int = 0,
     overlaps: int = 0,
     overlap_seconds: float = OVERLAP_SECONDS,
+    table: TableTarget | None = None,
 ) -> Report:
     """Kill the job ``kills`` times at random moments (every ``zombie_every``-th time leaving a paused file
     writer behind, resumed after the restart), restarting each time at another parallelism; then let it
@@ -217,8 +229,13 @@ def campaign(
     well; the campaign then goes on as after a kill. From then on the new state directory is the one the runs
     use (and the one a state loss deletes).
 
+    Into a ``table`` (Delta, Iceberg) rather than a directory, the table is checked after every kill and at the end
+    (:class:`table_checker.TableWatch`): its rows, its commits and files, and that files outside it are committed
+    by the next start that recovers; the sink's commits must stay within one per roll of ``ROLL_EPOCHS`` batches
+    plus one per run (a roll that a kill split, the last run's flush): a commit per micro-batch would exceed it.
+
     The report's figures state the kills (overlaps included), paused writers, state losses and overlaps that
-    happened, and how overlapping runs ended on their own."""
+    happened, and how overlapping runs ended on their own; for a table, its commits and files."""
     if state_losses or overlaps:
         assert log_store is not None, "a new or lost state directory loses a log store kept under it"
     assert state_losses <= kills, f"{state_losses} state losses need as many kills, not {kills}"
@@ -231,6 +248,9 @@ def campaign(
     out = out or str(tmp_path / "out")
     state = tmp_path / "state"
     landed = zombies = lost_states = overlapped = 0
+    watch = None if table is None else TableWatch(table, out, options, expected, seed)
+    recovered = False
+    """Whether a run that recovered (printed "started") ran since the last check with no run left running."""
     ends: Counter[str] = Counter()
     parallelism = rng.choice([1, 2, 3, 4])
     zombie: int | None = None
@@ -241,26 +261,38 @@ def campaign(
     """Every run started, to kill those still running when the test fails."""
 
     def start(parallelism: int, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        proc = _start(tmp_path, out, options, parallelism, env, log_store, state)
+        proc = _start(tmp_path, out, options, parallelism, env, log_store, state, table)
         started.append(proc)
         return proc
 
+    def check_output(what: str, *, quiet: bool = True) -> None:
+        """After a kill (``quiet``: no run left running): nothing but whole Parquet files of the sink in the output;
+        into a table, the table's checks (:meth:`TableWatch.step`)."""
+        nonlocal recovered
+        if watch is None:
+            assert stray_objects(out, options) == [], f"seed {seed}: {what}"
+            return
+        watch.step(what, quiet=quiet, recovered=recovered)
+        if quiet:
+            recovered = False
+
     def next_run(parallelism: int) -> subprocess.Popen[str]:
         """The run an overlap started, or a new one (which fences a paused writer, and then resumes it)."""
-        nonlocal newer, zombie
+        nonlocal newer, zombie, recovered
         if newer is not None:
             proc, newer = newer, None
             return proc
         proc = start(parallelism)
         if zombie is not None:  # "started": it has recovered (and fenced the paused writer)
             wait_for_line(proc, "started\n", LINE_TIMEOUT, "the line 'started' (the restart has recovered)")
+            recovered = True
             _resume_zombie(zombie, key, out, options)
             zombie = None
         return proc
 
     def take_over(older: subprocess.Popen[str], proc: subprocess.Popen[str], gate: Path, what: str) -> None:
         """Let ``proc``, waiting at its ``gate``, take over from ``older``; end ``older`` a moment later."""
-        nonlocal overlapped
+        nonlocal overlapped, recovered
         wait_for_line(proc, "ready\n", LINE_TIMEOUT, f"the line 'ready' (Spark started) of the run after {what}")
         if older.poll() is not None:
             _out, err = communicate(older, DRAIN_WAIT, "the rest of the older run's output")
@@ -270,11 +302,12 @@ def campaign(
             )
         gate.touch()
         wait_for_line(proc, "started\n", LINE_TIMEOUT, f"the line 'started' (taken over) of the run after {what}")
+        recovered = True
         alive = older.poll() is None
         why = _end_older(older, rng.uniform(0.0, overlap_seconds), seed)
         ends[why] += 1
         overlapped += alive or why == "fenced"  # both ran once the newer run had taken its term
-        assert stray_objects(out, options) == [], f"seed {seed}: after the overlap at {what}"
+        check_output(f"after the overlap at {what}", quiet=False)  # the newer run goes on
 
     try:
         for kill in range(kills):
@@ -284,11 +317,12 @@ def campaign(
             if kill in pausing:
                 assert zombie is None and newer is None
                 zombie, key = _zombie_run(
-                    tmp_path, out, options, parallelism, tmp_path / f"zombie-{kill}", log_store, state
+                    tmp_path, out, options, parallelism, tmp_path / f"zombie-{kill}", log_store, state, table
                 )
                 zombies += 1
                 landed += 1
-                assert stray_objects(out, options) == [], f"seed {seed}: after kill {kill + 1}"
+                recovered = True  # its writer paused in a roll, after the start's recovery
+                check_output(f"after kill {kill + 1}")
             else:
                 proc = next_run(parallelism)
                 if kill in overlapping:  # the next run starts Spark now, on a new machine, and waits at its gate
@@ -299,8 +333,10 @@ def campaign(
                 # the next run take over) a random moment later: inside append, seal, planning, writing or commit.
                 # (The line 'started' of a run that took over was read already.)
                 for _ in range(rng.randrange(0, 3) + 1 - took_over):
-                    if not readline_with_deadline(proc, LINE_TIMEOUT, "the job's next line"):
+                    line = readline_with_deadline(proc, LINE_TIMEOUT, "the job's next line")
+                    if not line:
                         break
+                    recovered = recovered or line == "started\n"
                 time.sleep(rng.uniform(0.0, 1.0))
                 if proc.poll() is None:
                     landed += 1
@@ -313,7 +349,7 @@ def campaign(
                     take_over(proc, newer, gate, f"kill {kill + 1}")
                     continue
                 _kill(proc)
-                assert stray_objects(out, options) == [], f"seed {seed}: after kill {kill + 1}"
+                check_output(f"after kill {kill + 1}")
             if kill in losing:  # the driver's machine is gone: the next run starts with no state directory
                 shutil.rmtree(state)
                 lost_states += 1
@@ -330,9 +366,21 @@ def campaign(
                 kill_process(proc, group=True)
         raise
     assert proc.returncode == 0 and out_text.endswith("done\n"), f"seed {seed}: {err[-3000:]}"
-    report = check(out, options, expected)
+    report = check(out, options, expected) if watch is None else watch.final()
     assert landed == kills, f"seed {seed}: every kill must land while the job runs ({landed} of {kills} did)"
     report.figures = {"seed": seed, "kills": landed, "paused writers": zombies}
+    if watch is not None:
+        runs = len(started) + zombies
+        bound = -(-inputs // ROLL_EPOCHS) + runs
+        commits = len(watch.view.commits)
+        assert commits <= bound, (
+            f"seed {seed}: {commits} table commits for {inputs} micro-batches and {runs} runs; one per roll of "
+            f"{ROLL_EPOCHS} batches allows at most {bound}"
+        )
+        report.figures = {"table": watch.target.format, **report.figures}
+        report.figures.update(
+            {"table commits": commits, "table files": len(watch.view.files), "committed at a restart": watch.settled}
+        )
     if state_losses:
         report.figures["state losses"] = lost_states
     if overlaps:
@@ -528,5 +576,63 @@ def test_chaos_driver_loss_campaign(
         overlap_seconds=12.0,
         inputs=100,
         zombie_every=6,
+    )
+    _report(report, capsys, request)
+
+
+TABLE_FORMATS = ("delta", "iceberg")
+TABLE_SEEDS = range(400, 403)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(2400)  # 689 s (Delta) and 743 s (Iceberg) measured side by side (-n 2), load 7 to 14 on 2 cores
+@pytest.mark.parametrize("seed", TABLE_SEEDS)
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_chaos_table_campaign(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest, table_format: str, seed: int
+) -> None:
+    """The kill campaign into a local table (Delta; Iceberg with its embedded catalog beside the table): 3 seeds x
+    10 kills per format, restarts at another parallelism, every fourth kill leaving a paused file writer behind.
+    After every kill and at the end the table is read (deltalake, pyiceberg) and checked (``table_checker.py``)."""
+    report = campaign(tmp_path, seed=seed, kills=10, inputs=50, zombie_every=4, table=TableTarget(table_format))
+    _report(report, capsys, request)
+
+
+TABLE_DRIVER_LOSS_SEEDS = range(500, 503)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(2400)  # 573 s (Delta) and 609 s (Iceberg) measured side by side (-n 2), load 5 to 10 on 2 cores
+@pytest.mark.parametrize("seed", TABLE_DRIVER_LOSS_SEEDS)
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_chaos_table_driver_loss_campaign(
+    tmp_path: Path,
+    s3_prefix: str,
+    s3_options: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+    table_format: str,
+    seed: int,
+) -> None:
+    """The driver-loss campaign into a table on S3: 3 seeds x 12 kills per format, the log store (the durable home)
+    on S3, the state directory lost after 5 of the kills, 2 others a rolling update (two drivers at once), paused
+    writers included. An Iceberg table's catalog must outlive the driver: a SQLite file the test names, beside
+    Spark's checkpoint (a lost state does not take it), as docs/iceberg.md allows a catalog on a durable disk."""
+    if table_format == "iceberg":
+        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": s3_prefix}
+        target = TableTarget("iceberg", catalog=tuple(sorted(catalog.items())))
+    else:
+        target = TableTarget("delta")
+    report = _driver_loss_campaign(
+        tmp_path,
+        s3_prefix,
+        s3_options,
+        seed=seed,
+        kills=12,
+        state_losses=5,
+        overlaps=2,
+        inputs=60,
+        zombie_every=6,
+        table=target,
     )
     _report(report, capsys, request)

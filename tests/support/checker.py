@@ -21,22 +21,29 @@ class Report:
     unexpected: int = 0
     stray_objects: list[str] = field(default_factory=list)
     """Objects under the output that are not whole Parquet files named like the sink's files."""
+    table: str | None = None
+    """A table output's format (``delta``, ``iceberg``): the rows are the table's (``table_checker.py``)."""
+    outside_table: list[str] = field(default_factory=list)
+    """A table output: files in its directory that the table does not hold (at the end of a campaign: none)."""
     figures: dict[str, object] = field(default_factory=dict)
     """What the campaign did (kills, faults by kind, ...), for the summary line."""
 
     @property
     def anomalies(self) -> int:
-        return self.lost + self.duplicated + self.unexpected + len(self.stray_objects)
+        return self.lost + self.duplicated + self.unexpected + len(self.stray_objects) + len(self.outside_table)
 
     def counts(self) -> dict[str, int]:
         """The row figures of :meth:`line`, as a dict (for totals over several campaigns)."""
-        return {
+        counts = {
             "rows checked": self.rows,
             "lost": self.lost,
             "duplicated": self.duplicated,
             "unexpected": self.unexpected,
             "stray objects": len(self.stray_objects),
         }
+        if self.table:
+            counts["files outside the table"] = len(self.outside_table)
+        return counts
 
     def line(self, **figures: object) -> str:
         """One summary line: the given figures (kills, faults by kind, ...), then rows and anomalies."""
@@ -44,6 +51,8 @@ class Report:
         tail = f"rows checked {self.rows}, lost {self.lost}, duplicated {self.duplicated}, unexpected {self.unexpected}"
         if self.stray_objects:
             tail += f", stray objects {len(self.stray_objects)}: {self.stray_objects[:5]}"
+        if self.outside_table:
+            tail += f", files outside the table {len(self.outside_table)}: {self.outside_table[:5]}"
         return f"{head}, {tail}" if head else tail
 
 

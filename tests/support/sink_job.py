@@ -13,9 +13,11 @@ With the SINK_JOB_GATE variable (a path), it starts Spark, prints ``ready`` and 
 before it creates the sink (which takes ownership: recovery, a new writer term): a test starts the next driver
 while the current one still runs, and lets it take over at a moment of its choosing.
 
-With the SINK_JOB_TABLE variable (``delta`` or ``iceberg``), OUTPUT is a table of that format (Iceberg: the table
-``kill.events`` in the embedded catalog), partitioned by the columns SINK_JOB_PARTITION_BY names (comma-separated;
-default none).
+With the SINK_JOB_TABLE variable (``delta`` or ``iceberg``), OUTPUT is a table of that format, partitioned by the
+columns SINK_JOB_PARTITION_BY names (comma-separated; default none). An Iceberg table is the one SINK_JOB_ICEBERG_TABLE
+names (default ``kill.events``) in the catalog whose properties SINK_JOB_CATALOG holds (JSON); without it, in the
+embedded SQLite catalog beside a local table. A table on S3 needs a catalog that outlives the driver: a test names a
+SQLite file of its own, outside the state directory, which a lost state does not take with it.
 """
 
 from __future__ import annotations
@@ -32,20 +34,26 @@ from filesink.localspark import local_spark
 SCHEMA = "id long, user_id long, event_date string, amount double"
 FAST_START = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 """A short-lived test job starts much faster without the JVM's optimizing compiler and parallel GC."""
+ROLL_EPOCHS = 2
+"""A roll every second micro-batch (the job's rollover: epochs in a file)."""
 GATE_TIMEOUT = 900.0
 """Seconds a gated job waits for its gate before it gives up (the test that started it is gone)."""
 ICEBERG_TABLE = "kill.events"
-"""The Iceberg table of a job with SINK_JOB_TABLE=iceberg, in the embedded catalog beside the output."""
+"""The Iceberg table of a job with SINK_JOB_TABLE=iceberg, unless SINK_JOB_ICEBERG_TABLE names another."""
 
 
 def table_options() -> dict[str, Any]:
-    """The sink's table options from SINK_JOB_TABLE and SINK_JOB_PARTITION_BY; none without them (a directory)."""
+    """The sink's table options from SINK_JOB_TABLE, SINK_JOB_ICEBERG_TABLE, SINK_JOB_CATALOG and
+    SINK_JOB_PARTITION_BY; none without them (a directory)."""
     options: dict[str, Any] = {}
     table_format = os.environ.get("SINK_JOB_TABLE")
     if table_format:
         options["table_format"] = table_format
         if table_format == "iceberg":
-            options["table"] = ICEBERG_TABLE
+            options["table"] = os.environ.get("SINK_JOB_ICEBERG_TABLE") or ICEBERG_TABLE
+            catalog = os.environ.get("SINK_JOB_CATALOG")
+            if catalog:
+                options["catalog"] = json.loads(catalog)
     partition_by = [c for c in os.environ.get("SINK_JOB_PARTITION_BY", "").split(",") if c]
     if partition_by:
         options["partition_by"] = partition_by
@@ -89,7 +97,7 @@ def run(
         key_columns=["user_id"],
         vnodes=32,
         parallelism=parallelism,
-        rollover=Rollover(target_file_size=None, max_epochs=2, max_age_seconds=None),
+        rollover=Rollover(target_file_size=None, max_epochs=ROLL_EPOCHS, max_age_seconds=None),
         storage_options=json.loads(os.environ.get("SINK_JOB_S3", "{}")),
         **table_options(),
     )
