@@ -4,6 +4,7 @@ Local writes are durable when they return: temp file, fsync, rename, fsync of th
 directory created on the way). Object store writes are one PUT each, so an object is either whole or absent.
 Errors from the storage client surface as Python built-ins: ``FileNotFoundError`` as raised, other
 ``OSError`` as ``OSError`` naming the file (object store clients retry first, see :func:`s3_client_options`).
+Segments written to S3 are also kept on the writing host, for that host's reads (:mod:`logstore.segment_cache`).
 """
 
 from __future__ import annotations
