@@ -11,7 +11,9 @@ Two ways to fetch the bytes, the same checks and the same rows in the same order
   one contiguous byte range (a writer's vnodes are a contiguous range, and a segment is sorted by vnode), so the
   plan is read as few ranged reads as possible, each ending before ``max_read_bytes``, several in flight at once
   and the next ones fetched while the current rows are decoded and written. Each request to an object store
-  costs a round trip, which made a roll of one GET per block slow.
+  costs a round trip, which made a roll of one GET per block slow. Segments this host wrote to S3 are read from
+  their local copies instead, each checked once per plan against S3 (:mod:`logstore.segment_cache`); a block of
+  a copy that fails its checks is read again from S3.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pyarrow as pa
 from . import segment
 from .errors import SEGMENT_WAY_OUT, SegmentCorruptError, SegmentMissingError
 from .segment import Block, describe_vnodes
-from .storage import Storage
+from .storage import ReadRange, Storage
 
 
 class LogBatch(NamedTuple):
@@ -106,7 +108,7 @@ def read_plan(
                     data = read(item.segment, block.offset, block.length)
                 except FileNotFoundError as e:
                     raise _missing(storage, item) from e
-                yield LogBatch(item.vnode, item.epoch, item.segment, _decode(storage, item, block, data, schema))
+                yield LogBatch(item.vnode, item.epoch, item.segment, _decode(storage, read, item, block, data, schema))
 
 
 def _schema(schemas: dict[bytes, pa.Schema], item: ReadItem) -> pa.Schema:
@@ -122,9 +124,22 @@ def _missing(storage: Storage, item: ReadItem) -> SegmentMissingError:
     )
 
 
-def _decode(storage: Storage, item: ReadItem, block: Block, data: bytes, schema: pa.Schema) -> pa.RecordBatch:
-    """The rows of ``block``, once its bytes ``data`` are checked (length, CRC-32)."""
+def _decode(
+    storage: Storage, read: ReadRange, item: ReadItem, block: Block, data: bytes, schema: pa.Schema
+) -> pa.RecordBatch:
+    """The rows of ``block``, once its bytes ``data`` are checked (length, CRC-32).
+
+    Bytes that fail the check and came from the local segment cache (``read.again``, see
+    :mod:`logstore.segment_cache`) are read again from the store, and it is the store's bytes that are checked."""
     problem = segment.block_problem(data, block)
+    again = getattr(read, "again", None)
+    if problem and again is not None:
+        try:
+            fresh = again(item.segment, block.offset, block.length)
+        except FileNotFoundError as e:
+            raise _missing(storage, item) from e
+        if fresh is not None:
+            data, problem = fresh, segment.block_problem(fresh, block)
     if problem:
         raise SegmentCorruptError(f"segment {_where(storage, item)}: {problem}. {SEGMENT_WAY_OUT}.")
     try:
@@ -227,6 +242,18 @@ def _read_coalesced(storage: Storage, plan: tuple[ReadItem, ...], limits: ReadLi
     reads, read_of = plan_reads(plan, limits)
     if not reads:
         return
+    with storage.reading() as read:  # with the segment cache, one check of each copy against S3 per plan
+        yield from _fetch_coalesced(storage, read, plan, reads, read_of, limits)
+
+
+def _fetch_coalesced(
+    storage: Storage,
+    read_range: ReadRange,
+    plan: tuple[ReadItem, ...],
+    reads: list[RangeRead],
+    read_of: list[int],
+    limits: ReadLimits,
+) -> Iterator[LogBatch]:
     schemas: dict[bytes, pa.Schema] = {}
     fetched: dict[int, concurrent.futures.Future[bytes]] = {}
     started = 0  # reads are started in the order the plan first needs them
@@ -242,7 +269,7 @@ def _read_coalesced(storage: Storage, plan: tuple[ReadItem, ...], limits: ReadLi
             read = reads[started]
             if started > needed and held + read.length > limits.buffer_bytes:
                 return
-            fetched[started] = pool.submit(storage.read_range, read.segment, read.offset, read.length)
+            fetched[started] = pool.submit(read_range, read.segment, read.offset, read.length)
             held += read.length
             started += 1
 
@@ -270,7 +297,8 @@ def _read_coalesced(storage: Storage, plan: tuple[ReadItem, ...], limits: ReadLi
                     del fetched[index], future, data
                     held -= read.length
                 position += 1
-                yield LogBatch(item.vnode, item.epoch, item.segment, _decode(storage, item, block, piece, schema))
+                batch = _decode(storage, read_range, item, block, piece, schema)
+                yield LogBatch(item.vnode, item.epoch, item.segment, batch)
     finally:
         for future in fetched.values():
             future.cancel()

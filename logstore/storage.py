@@ -4,6 +4,7 @@ Local writes are durable when they return: temp file, fsync, rename, fsync of th
 directory created on the way). Object store writes are one PUT each, so an object is either whole or absent.
 Errors from the storage client surface as Python built-ins: ``FileNotFoundError`` as raised, other
 ``OSError`` as ``OSError`` naming the file (object store clients retry first, see :func:`s3_client_options`).
+Segments written to S3 are also kept on the writing host, for that host's reads (:mod:`logstore.segment_cache`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
 from .failpoints import failpoint
+from .segment_cache import CachedReads, open_cache
 
 log = logging.getLogger(__name__)
 
@@ -538,6 +540,8 @@ class FsspecStorage:
         self.root = root.rstrip("/")
         protocol = self.fs.protocol
         self._is_s3 = bool({"s3", "s3a"} & set(protocol if isinstance(protocol, tuple) else (protocol,)))
+        self.cache = open_cache(url, storage_options) if self._is_s3 else None
+        """The local copies of the segments this host wrote (:mod:`logstore.segment_cache`); None when off."""
 
     def _full(self, relpath: str) -> str:
         return f"{self.root}/{relpath}"
@@ -563,8 +567,12 @@ class FsspecStorage:
         # One PUT: s3fs switches to a multipart upload above ``chunksize``; keep it out of reach (5 GiB is
         # the single-PUT limit of S3).
         kwargs = {"chunksize": 5 * 2**30} if self._is_s3 else {}
+        if self.cache is not None:
+            self.cache.drop(relpath)  # a name written again (damage tests do): its old copy must not outlive it
         with self._naming("write", relpath):
-            self.fs.pipe_file(self._full(relpath), data, **kwargs)
+            answer = self.fs.pipe_file(self._full(relpath), data, **kwargs)
+        if self.cache is not None:  # only once S3 holds the segment: the copy serves reads, S3 stays the truth
+            self.cache.put(relpath, data, answer.get("ETag") if isinstance(answer, dict) else None)
         return len(data)
 
     def put(self, relpath: str, data: bytes) -> None:
@@ -617,13 +625,40 @@ class FsspecStorage:
     def read_range(self, relpath: str, offset: int, length: int) -> bytes:
         if length == 0:
             return b""
+        if self.cache is None:
+            return self._fetch(relpath, offset, length)
+        with self.reading() as read:
+            return read(relpath, offset, length)
+
+    def _fetch(self, relpath: str, offset: int, length: int) -> bytes:
+        """One ranged GET."""
+        if length == 0:
+            return b""
         with self._naming(f"read {length} bytes at {offset} of", relpath):
             data: bytes = self.fs.cat_file(self._full(relpath), start=offset, end=offset + length)
         return data
 
+    def _head(self, relpath: str) -> tuple[int, str]:
+        """The size and ETag of the object at ``relpath`` (one HEAD); ``FileNotFoundError`` if there is none."""
+        bucket, key, _ = self.fs.split_path(self._full(relpath))
+        with self._naming("check", relpath):
+            answer = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        return int(answer.get("ContentLength", -1)), str(answer.get("ETag") or "")
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[ReadRange]:
-        yield self.read_range  # one GET per read: object stores have no open files (read_plan joins reads instead)
+        """One GET per read (object stores have no open files: read_plan joins reads instead); with the segment
+        cache, the segments this host wrote are read from their copies, each checked once against S3 by a HEAD
+        (:class:`logstore.segment_cache.CachedReads`, whose ``again`` reads a range from S3 when a block of a
+        copy fails the reader's checks)."""
+        if self.cache is None:
+            yield self._fetch
+            return
+        reads = CachedReads(self.cache, self._head, self._fetch)
+        try:
+            yield reads
+        finally:
+            reads.close()
 
     def read_all(self, relpath: str) -> bytes:
         # start=0: one GET (without a range, s3fs asks for the object's size first: a HEAD per read).
@@ -655,6 +690,8 @@ class FsspecStorage:
         return {str(info["name"]): info for info in found}
 
     def delete(self, relpath: str) -> bool:
+        if self.cache is not None:
+            self.cache.drop(relpath)
         try:
             with self._naming("delete", relpath):
                 self.fs.rm_file(self._full(relpath))
@@ -663,6 +700,9 @@ class FsspecStorage:
         return True
 
     def delete_many(self, relpaths: Sequence[str]) -> None:
+        if self.cache is not None:
+            for relpath in relpaths:
+                self.cache.drop(relpath)
         if not self._is_s3 or len(relpaths) < 2:
             for relpath in relpaths:
                 self.delete(relpath)

@@ -170,6 +170,22 @@ def failpoint_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ[DIR_VAR] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def segment_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The segment cache of every process of the session (logstore.segment_cache) in the session's temp directory,
+    not the machine's: the tests leave no copies behind, and sessions running side by side do not evict each
+    other's. On for every S3 log store of the tests, so their reads go through it."""
+    from logstore.segment_cache import DIR_VAR
+
+    before = os.environ.get(DIR_VAR)
+    os.environ[DIR_VAR] = str(tmp_path_factory.mktemp("segment-cache"))
+    yield
+    if before is None:
+        os.environ.pop(DIR_VAR, None)
+    else:
+        os.environ[DIR_VAR] = before
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``slow`` first (so that with pytest-xdist the long ones run side by side, and the short ones
     fill the gaps), the failpoint coverage test last."""

@@ -540,6 +540,7 @@ def floor_lines(runs: list[Run]) -> list[str]:
         for label, role, what, col in (
             ("segment PUTs", "worker", "log segments", "PUT"),
             ("segment GETs", "worker", "log segments", "GET"),
+            ("segment HEADs (the segment cache's checks)", "worker", "log segments", "HEAD"),
             ("output parts", "worker", "output files", "parts"),
             ("and in the driver, segment GETs (the size rule's sample)", "driver", "log segments", "GET"),
         )
@@ -603,6 +604,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rows:,} rows, {rounds} round(s), local[{sinks.PARALLELISM}], {sinks.FILES_PER_BATCH} input files per "
         f"batch, trigger {'available now' if args.trigger is None else f'{args.trigger:g} s'}; output on S3 in both "
         "runs",
+        flush=True,
+    )
+    from logstore.segment_cache import BYTES_VAR, cache_root, configured_limit
+
+    limit = configured_limit()
+    print(
+        f"segment cache (log store on S3): {f'on, {limit / 2**20:,.0f} MiB in {cache_root()}' if limit else 'off'} "
+        f"({BYTES_VAR}={os.environ.get(BYTES_VAR, '')!r})",
         flush=True,
     )
     work = data.work_directory(args.dir, "bench_s3_log_store-")

@@ -34,6 +34,7 @@ from logstore import (
     read_plan,
 )
 from logstore.reader import ReadLimits, plan_reads
+from logstore.segment_cache import BYTES_VAR
 from logstore.storage import LocalStorage
 
 VNODES = 32
@@ -102,10 +103,13 @@ def build(state: Path, url: str, options: dict[str, Any]) -> Log:
 
 @pytest.fixture(scope="module")
 def shared(s3_server: S3Settings, proxy: FaultProxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Log]:
-    """One log store for the tests that only read it, through :func:`proxy`."""
+    """One log store for the tests that only read it, through :func:`proxy`; appended without the segment cache,
+    so that its reads are S3's requests (tests/logstore/test_segment_cache.py reads through the cache)."""
     options = dataclasses.replace(s3_server, endpoint=proxy.endpoint).storage_options()
     url = s3_server.url(f"test-{uuid.uuid4().hex}", "log")
-    log = build(tmp_path_factory.mktemp("s3-reads") / "state", url, options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BYTES_VAR, "0")
+        log = build(tmp_path_factory.mktemp("s3-reads") / "state", url, options)
     yield log
     log.store.close()
 
