@@ -22,14 +22,16 @@
   does not evaluate a check constraint on the files it is given either (measured with 1.6.6): the files are what
   the sink wrote.
 - **History:** the sink writes a checkpoint every ``delta.checkpointInterval`` versions (100) and, at every 10th,
-  removes log entries older than ``delta.logRetentionDuration`` (30 days); application transactions are kept in
-  every checkpoint.
+  removes log entries older than ``delta.logRetentionDuration`` (30 days), in a background thread started by the
+  roll that reaches the interval (:meth:`DeltaDestination.maintain` says why there and not written by the sink);
+  application transactions are kept in every checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -185,6 +187,13 @@ class DeltaDestination(Destination):
         """The version of the ``metaData`` action the columns were compared with."""
         self._checkpoint_retry: int | None = None
         """After a checkpoint failed: the version from which to try again."""
+        self._checkpointer: threading.Thread | None = None
+        """The background checkpoint (:meth:`maintain`), until its outcome is taken."""
+        self._outcome: tuple[int, bool] | None = None
+        """The background checkpoint's outcome: the version it reached (or was of, if it failed), and whether it
+        failed; written by the thread before it ends, read after it is joined."""
+        self.checkpoint_took: tuple[int, float] | None = None
+        """The last background checkpoint that ended well: its version and its time (seconds, clean-up included)."""
 
     @property
     def name(self) -> str:
@@ -597,13 +606,35 @@ class DeltaDestination(Destination):
     def maintain(self) -> None:
         """A checkpoint every ``delta.checkpointInterval`` versions (delta-rs's ``create_checkpoint``) and, at every
         :data:`CLEANUP_EVERY` th checkpoint, the clean-up of log entries and checkpoints older than
-        ``delta.logRetentionDuration`` (``cleanup_metadata``, unless ``delta.enableExpiredLogCleanup`` is false).
+        ``delta.logRetentionDuration`` (``cleanup_metadata``, unless ``delta.enableExpiredLogCleanup`` is false),
+        in a background thread (:meth:`_checkpoint`), never on the roll's path.
+
+        Why in the background rather than a checkpoint written by the sink: delta-rs's checkpoint loads and writes
+        every file of the table (220 to 460 ms at 10,000 files, in every 100th roll), so a roll's mean time grew
+        with the table. A checkpoint the sink wrote itself (the previous checkpoint merged with the entries since)
+        would still read and write every file on the roll's path, and is a larger part of the protocol than a
+        commit (the checkpoint schema, statistics, tombstones kept for the retention) that every reader must read
+        right; delta-rs writes it right. A checkpoint only makes reading faster, so it need not be on the roll's
+        path: the roll starts it and goes on; its cost (CPU, I/O) moves to the thread, it does not vanish.
+
+        - **One at a time**: a roll at which a checkpoint is due while the previous one still runs leaves it to a
+          later roll (a roll never waits for one); the next starts only once the previous ended and its outcome
+          was taken (the version it reached, or its failure).
+        - **Never racing the roll**: the thread reads the table with its own delta-rs snapshot and changes nothing
+          the roll reads but the log's files, as any other writer's checkpoint would: the sink's reader takes a
+          newer ``_last_checkpoint`` as such (:meth:`.delta_log.DeltaLog.refresh`). The outcome is taken by the
+          next roll's :meth:`maintain`, on the roll's thread.
+        - **``_last_checkpoint`` never set back**: the checkpoint is of the newest version when the thread reads
+          the table, and is skipped if ``_last_checkpoint`` names that version or a newer one already.
+        - **Failures** are logged as a warning and tried again 10 versions later: the commit had landed.
+        - :meth:`settle` waits for it (the sink's close does); the thread is a daemon, so a process that ends
+          without closing does not wait: a checkpoint is written whole or not at all, and ``_last_checkpoint``
+          after it.
 
         delta-rs's own commits clean up at every checkpoint; a clean-up lists the whole log (74 ms at 10,000
-        entries, measured), which every 10th checkpoint keeps to a tenth. A failure is logged and tried again 10
-        versions later: the commit landed, and a checkpoint only makes reading faster."""
+        entries, measured), which every 10th checkpoint keeps to a tenth."""
         state = self._state
-        if self.delta_rs is not None or state is None:
+        if self.delta_rs is not None or state is None or not self._collect(state):
             return
         config = state.configuration
         try:
@@ -618,25 +649,76 @@ class DeltaDestination(Destination):
             return
         clean = state.version // (interval * CLEANUP_EVERY) > last // (interval * CLEANUP_EVERY)
         clean = clean and config.get("delta.enableExpiredLogCleanup", "true").lower() != "false"
+        self._outcome = None
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint, args=(state.version, clean), name=f"delta-checkpoint-{self.sink_id}", daemon=True
+        )
+        self._checkpointer.start()
+
+    def _collect(self, state: LogState) -> bool:
+        """Take the outcome of the background checkpoint that ended (into ``state`` and the retry); False while one
+        still runs."""
+        thread = self._checkpointer
+        if thread is None:
+            return True
+        if thread.is_alive():
+            return False
+        thread.join()
+        self._checkpointer = None
+        outcome, self._outcome = self._outcome, None
+        if outcome is None:
+            return True
+        reached, failed = outcome
+        if failed:
+            self._checkpoint_retry = reached + 10
+        else:
+            self._checkpoint_retry = None
+            state.checkpoint = max(state.checkpoint or 0, reached)
+        return True
+
+    def _checkpoint(self, version: int, clean: bool) -> None:
+        """The background thread: a checkpoint of the newest version and, with ``clean``, the log's clean-up."""
+        started = time.perf_counter()
         try:
-            # At the newest version (a checkpoint of an older one would set _last_checkpoint back)
             table = DeltaTable(self.uri, storage_options=self.storage or None)
-            table.create_checkpoint()
+            reached = max(version, table.version())
+            hint = self._log.last_checkpoint()
+            if hint is None or hint < table.version():  # never set back: a newer checkpoint is left as it is
+                table.create_checkpoint()
+            else:
+                reached = max(reached, hint)
             if clean:
                 table.cleanup_metadata()
         except Exception as e:
-            self._checkpoint_retry = state.version + 10
+            self._outcome = (version, True)
             log.warning(
                 "%s: the checkpoint at version %d failed (%s); the commits go on, and the checkpoint is tried again "
                 "at version %d. A reader reads the log entries since the last checkpoint meanwhile.",
                 self.name,
-                state.version,
+                version,
                 e,
-                self._checkpoint_retry,
+                version + 10,
             )
             return
-        self._checkpoint_retry = None
-        state.checkpoint = max(state.version, table.version())
+        self.checkpoint_took = (reached, time.perf_counter() - started)
+        self._outcome = (reached, False)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait for the background checkpoint (and clean-up) to end, at most ``timeout`` seconds; whether it did.
+        Its outcome is taken by the next :meth:`maintain`."""
+        thread = self._checkpointer
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning(
+                "%s: the checkpoint in the background has not ended after %s s; it goes on in the background (a "
+                "process that ends meanwhile leaves it unwritten, which only makes reading slower)",
+                self.name,
+                timeout,
+            )
+            return False
+        return True
 
     def status(self) -> dict[str, Any]:
         out = super().status()
