@@ -238,7 +238,8 @@ class DeltaLog:
             fresh = self.load()
             if fresh is None:
                 raise UnsupportedLogError(f"{self.display('')} has a checkpoint hint and no entries")
-            read.append((fresh.version, [{"txn": {"appId": k, "version": v}} for k, v in fresh.txns.items()]))
+            changed = {k: v for k, v in fresh.txns.items() if state.txns.get(k) != v}  # what the entries read held
+            read.append((fresh.version, [{"txn": {"appId": k, "version": v}} for k, v in changed.items()]))
             state.__dict__.update(fresh.__dict__)
         else:
             state.ended_at = ended

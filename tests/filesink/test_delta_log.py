@@ -171,6 +171,33 @@ def test_a_commit_by_another_writer_between_our_read_and_our_put_is_passed_by(tm
     assert _polars_rows(root) == expected + Counter(other_rows)
 
 
+def test_a_race_lost_on_a_table_read_again_from_its_checkpoint_is_passed_by(tmp_path):
+    """On a table with a short log retention the sink reads the log again (from its checkpoint) after a lost race:
+    only what changed since its state counts, not its own marks of earlier rolls, so another application's append
+    is passed by."""
+    root = tmp_path / "t"
+    _short_history(root)
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(12):  # a checkpoint at 10
+        expected += _commit(dest, root, epoch)
+    other_rows = [(900, 9, "2024-01-09")]
+
+    def other() -> None:
+        deltalake.write_deltalake(
+            str(root),
+            pa.table({c: [r[i] for r in other_rows] for i, c in enumerate(SCHEMA.names)}, schema=SCHEMA),
+            mode="append",
+            partition_by=["day"],
+        )
+
+    racing = _Racing(dest._log, other)
+    dest._log = racing
+    expected += _commit(dest, root, 12)
+    assert racing.puts == [(13, "exists"), (14, "created")]
+    assert _rows(root) == expected + Counter(other_rows)
+
+
 def test_a_lost_race_to_another_run_of_the_same_sink_with_the_same_files_is_landed(tmp_path):
     """An older and a newer driver of one sink commit the same roll: the loser reads the winner's entry, which
     holds its files: landed, and the table holds them once."""
