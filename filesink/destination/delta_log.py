@@ -63,8 +63,8 @@ _ENTRY = re.compile(r"^(\d{20})\.json$")
 
 
 LOAD_ATTEMPTS = 5
-"""Times the log is listed and read again when an entry listed was removed (a clean-up) before it was read; and
-times a start reads on from a newer checkpoint that ``_last_checkpoint`` named meanwhile, before it lists."""
+"""Times the log is listed and read again when it changed under the listing (:class:`_Moved`); and times a start
+reads on from a newer checkpoint that ``_last_checkpoint`` named meanwhile, before it lists."""
 DEFAULT_RETENTION = 30 * 86400.0
 """``delta.logRetentionDuration``'s default (30 days), in seconds."""
 CLOCK_MARGIN = 3600.0
@@ -84,7 +84,9 @@ _UNITS = {
 
 
 class _Moved(Exception):
-    """An entry listed was gone when read: a clean-up after a newer checkpoint; list again."""
+    """The log changed under a listing: an entry listed was gone when read (a clean-up after a newer checkpoint),
+    or the listing shows a gap (a listing of a local directory may miss an entry created while it runs, and show
+    the next); list again."""
 
 
 class UnsupportedLogError(Exception):
@@ -279,12 +281,9 @@ class DeltaLog:
         for attempt in range(LOAD_ATTEMPTS):
             try:
                 return self._load(hint)
-            except _Moved:
+            except _Moved as e:
                 if attempt + 1 == LOAD_ATTEMPTS:
-                    raise UnsupportedLogError(
-                        f"{self.display('')}: entries listed were removed before they were read, {LOAD_ATTEMPTS} "
-                        "times in a row"
-                    ) from None
+                    raise UnsupportedLogError(f"{self.display('')}: {e}, {LOAD_ATTEMPTS} listings in a row") from None
                 hint = self._last_checkpoint()
         return None  # not reached
 
@@ -355,11 +354,11 @@ class DeltaLog:
             state = LogState(-1)
         after = sorted(v for v in commits if v > state.version)
         if after != list(range(state.version + 1, state.version + 1 + len(after))):
-            raise UnsupportedLogError(f"{self.display('')} has a gap in its entries after version {state.version}")
+            raise _Moved(f"the log has a gap in its entries after version {state.version}")
         for version in after:
             actions = self.read_entry(version)
             if actions is None:
-                raise _Moved
+                raise _Moved(f"entry {version} was listed and gone when read")
             state.apply(version, actions)
         self._follow(state)
         state.ended_at = listed_at  # an entry after the newest was not listed: written after the listing
@@ -443,7 +442,7 @@ class DeltaLog:
             else:
                 file = pq.ParquetFile(io.BytesIO(self.storage.read_all(name)))
         except FileNotFoundError:
-            raise _Moved from None  # a clean-up after a newer checkpoint removed it: list again
+            raise _Moved(f"{name} was gone when read") from None  # a clean-up after a newer checkpoint removed it
         present = [c for c in columns if c in file.schema_arrow.names]
         table = file.read(columns=present)
         return {c: table[c].filter(pc.is_valid(table[c])).to_pylist() for c in present}

@@ -694,3 +694,30 @@ def test_the_background_checkpoint_never_sets_the_hint_back(tmp_path, monkeypatc
     monkeypatch.setattr(dest._log, "last_checkpoint", lambda: 2)
     dest._checkpoint(3, False)
     assert made == [3] and dest._outcome == (3, False)
+
+
+def test_a_listing_that_missed_an_entry_created_meanwhile_is_listed_again(tmp_path, monkeypatch):
+    """A listing of a local directory may miss an entry created while it runs and show the next: a gap, listed
+    again; one that stays is a log this reader does not read."""
+    root = tmp_path / "t"
+    _table(root)
+    dest = _destination(root)
+    for epoch in range(5):
+        _commit(dest, root, epoch)
+    assert not (root / "_delta_log" / "_last_checkpoint").exists(), "no checkpoint yet: the start lists the log"
+    listed = DeltaLog._listed
+    missed = [1]
+
+    def once(self: DeltaLog, since: int | None) -> list[str]:
+        names = listed(self, since)
+        if missed:
+            missed.pop()
+            names.remove(entry_name(3))
+        return names
+
+    monkeypatch.setattr(DeltaLog, "_listed", once)
+    state = _destination(root)._light("read")
+    assert state is not None and state.version == 5 and not missed
+    monkeypatch.setattr(DeltaLog, "_listed", lambda self, since: [n for n in listed(self, since) if n != entry_name(3)])
+    fresh = _destination(root)
+    assert fresh._light("read") is None and fresh.delta_rs is not None and "a gap" in fresh.delta_rs
