@@ -64,6 +64,9 @@ COMMIT_ATTEMPTS = 100
 CLEANUP_EVERY = 10
 """The log clean-up runs at every 10th checkpoint (when a checkpoint's version passes a multiple of 10 intervals,
 whatever the restarts in between)."""
+CHECKPOINT_WAIT = 300.0
+"""How long a roll waits for the previous checkpoint when the next is due (:meth:`DeltaDestination.maintain`);
+past it the roll goes on, and the next roll waits again."""
 DEFAULT_CHECKPOINT_INTERVAL = "100"
 """delta-rs's checkpoint interval, for a table without ``delta.checkpointInterval``."""
 
@@ -189,6 +192,8 @@ class DeltaDestination(Destination):
         """After a checkpoint failed: the version from which to try again."""
         self._checkpointer: threading.Thread | None = None
         """The background checkpoint (:meth:`maintain`), until its outcome is taken."""
+        self._checkpointing_at = 0
+        """The version :attr:`_checkpointer` checkpoints."""
         self._outcome: tuple[int, bool] | None = None
         """The background checkpoint's outcome: the version it reached (or was of, if it failed), and whether it
         failed; written by the thread before it ends, read after it is joined."""
@@ -617,9 +622,12 @@ class DeltaDestination(Destination):
         right; delta-rs writes it right. A checkpoint only makes reading faster, so it need not be on the roll's
         path: the roll starts it and goes on; its cost (CPU, I/O) moves to the thread, it does not vanish.
 
-        - **One at a time**: a roll at which a checkpoint is due while the previous one still runs leaves it to a
-          later roll (a roll never waits for one); the next starts only once the previous ended and its outcome
-          was taken (the version it reached, or its failure).
+        - **One at a time**: the next is due an interval after the version the running one is of, and starts only
+          once that one ended and its outcome was taken (the version it reached, or its failure). A roll at which
+          the next is due while the previous still runs waits for it: only where a checkpoint takes longer than an
+          interval's rolls (a benchmark's rolls, a few milliseconds apart, at 10,000 files on a busy machine; not a
+          query's, seconds apart). That keeps the entries after the newest checkpoint, which every start reads, to
+          about an interval, and the checkpoints at their versions.
         - **Never racing the roll**: the thread reads the table with its own delta-rs snapshot and changes nothing
           the roll reads but the log's files, as any other writer's checkpoint would: the sink's reader takes a
           newer ``_last_checkpoint`` as such (:meth:`.delta_log.DeltaLog.refresh`). The outcome is taken by the
@@ -636,50 +644,56 @@ class DeltaDestination(Destination):
         delta-rs's own commits clean up at every checkpoint; a clean-up lists the whole log (74 ms at 10,000
         entries, measured), which every 10th checkpoint keeps to a tenth."""
         state = self._state
-        if self.delta_rs is not None or state is None or not self._collect(state):
+        if self.delta_rs is not None or state is None:
             return
+        running = self._checkpointer is not None and self._checkpointer.is_alive()
+        if not running:
+            self._collect(state)
         config = state.configuration
         try:
             interval = max(1, int(config.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL)))
         except ValueError:
             interval = int(DEFAULT_CHECKPOINT_INTERVAL)
         last = state.checkpoint if state.checkpoint is not None else 0
+        if running:
+            last = max(last, self._checkpointing_at)
         due = last + interval
         if self._checkpoint_retry is not None:
             due = max(due, self._checkpoint_retry)
         if state.version < due:
             return
+        if running:  # an interval behind: the roll waits for the previous checkpoint (see above)
+            if not self.settle(CHECKPOINT_WAIT):
+                return  # still running (a store that hangs): a later roll waits again
+            self._collect(state)
         clean = state.version // (interval * CLEANUP_EVERY) > last // (interval * CLEANUP_EVERY)
         clean = clean and config.get("delta.enableExpiredLogCleanup", "true").lower() != "false"
         self._outcome = None
+        self._checkpointing_at = state.version
         self._checkpointer = threading.Thread(
             target=self._checkpoint, args=(state.version, clean), name=f"delta-checkpoint-{self.sink_id}", daemon=True
         )
         self._checkpointer.start()
 
-    def _collect(self, state: LogState) -> bool:
-        """Take the outcome of the background checkpoint that ended (into ``state`` and the retry); False while one
-        still runs."""
+    def _collect(self, state: LogState) -> None:
+        """Take the outcome of the background checkpoint, which ended, into ``state`` and the retry."""
         thread = self._checkpointer
         if thread is None:
-            return True
-        if thread.is_alive():
-            return False
+            return
         thread.join()
         self._checkpointer = None
         outcome, self._outcome = self._outcome, None
         if outcome is None:
-            return True
+            return
         reached, failed = outcome
         if failed:
             self._checkpoint_retry = reached + 10
         else:
             self._checkpoint_retry = None
             state.checkpoint = max(state.checkpoint or 0, reached)
-        return True
 
     def _checkpoint(self, version: int, clean: bool) -> None:
-        """The background thread: a checkpoint of the newest version and, with ``clean``, the log's clean-up."""
+        """The background thread: a checkpoint of ``version`` and, with ``clean``, the log's clean-up."""
         started = time.perf_counter()
         try:
             # At the version the roll reached, not the newest: the roll's next commits go on meanwhile, and a

@@ -619,7 +619,8 @@ def test_two_writers_racing_with_checkpoints_in_the_background(tmp_path):
 
 def test_a_checkpoint_runs_off_the_roll_and_is_waited_for_by_settle(tmp_path, monkeypatch):
     """The roll that reaches the interval starts the checkpoint and returns; later rolls do not wait for it, nor
-    start another while it runs; settle waits for it, and the next roll takes its version."""
+    start another, until the next is due an interval later: that roll waits for it, then starts the next. settle
+    waits for it too."""
     import threading
 
     root = tmp_path / "t"
@@ -639,23 +640,28 @@ def test_a_checkpoint_runs_off_the_roll_and_is_waited_for_by_settle(tmp_path, mo
 
     monkeypatch.setattr(deltalake.DeltaTable, "create_checkpoint", slow)
     log = root / "_delta_log"
-    for epoch in range(2, 8):  # versions 3 to 8: a checkpoint due at 3, and again at 6
+
+    def roll(epoch: int) -> float:
         plan, written = _file(root, f"part-{epoch:05d}", _epoch_rows(epoch), dict.fromkeys(range(VNODES), epoch), epoch)
+        began = time.monotonic()
         dest.make_visible([plan], written, SCHEMA)
         dest.maintain()
-        if epoch == 2:
-            assert entered.wait(60), "the roll at version 3 started the checkpoint"
-    assert dest._checkpointer is not None and dest._checkpointer.is_alive()
+        return time.monotonic() - began
+
+    roll(2)  # version 3: the checkpoint starts
+    assert entered.wait(60)
+    assert [roll(e) < 5 for e in (3, 4)] == [True, True], "versions 4 and 5 do not wait for it"
     assert started == [3] and not (log / "_last_checkpoint").exists(), "one checkpoint, still running"
     assert not dest.settle(0.1), "still running"
-    release.set()
+    threading.Timer(0.5, release.set).start()
+    assert roll(5) >= 0.4, "version 6: the next is due, and the roll waits for the one running"
     assert dest.settle(60)
-    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 3
-    assert dest.checkpoint_took is not None and dest.checkpoint_took[0] == 3
-    _commit(dest, root, 8)  # version 9: takes checkpoint 3's outcome, and the one due since starts
-    assert started == [3, 9] and json.loads((log / "_last_checkpoint").read_text())["version"] == 9
+    assert started == [3, 6]
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 6
+    assert dest.checkpoint_took is not None and dest.checkpoint_took[0] == 6
+    _commit(dest, root, 6)
     state = _destination(root)._light("read")
-    assert state is not None and (state.checkpoint, state.version) == (9, 9) and state.txns == _wanted(root)
+    assert state is not None and (state.checkpoint, state.version) == (6, 7) and state.txns == _wanted(root)
 
 
 def test_a_failed_background_checkpoint_is_logged_and_tried_again_later(tmp_path, monkeypatch, caplog):
