@@ -612,7 +612,7 @@ class DeltaDestination(Destination):
         """A checkpoint every ``delta.checkpointInterval`` versions (delta-rs's ``create_checkpoint``) and, at every
         :data:`CLEANUP_EVERY` th checkpoint, the clean-up of log entries and checkpoints older than
         ``delta.logRetentionDuration`` (``cleanup_metadata``, unless ``delta.enableExpiredLogCleanup`` is false),
-        in a background thread (:meth:`_checkpoint`), never on the roll's path.
+        in a background thread (:meth:`_checkpoint`), off the roll's path.
 
         Why in the background rather than a checkpoint written by the sink: delta-rs's checkpoint loads and writes
         every file of the table (220 to 460 ms at 10,000 files, in every 100th roll), so a roll's mean time grew
