@@ -66,7 +66,7 @@ CLEANUP_EVERY = 10
 whatever the restarts in between)."""
 CHECKPOINT_WAIT = 300.0
 """How long a roll waits for the previous checkpoint when the next is due (:meth:`DeltaDestination.maintain`);
-past it the roll goes on, and the next roll waits again."""
+past it the roll goes on, and the roll an interval later waits again."""
 DEFAULT_CHECKPOINT_INTERVAL = "100"
 """delta-rs's checkpoint interval, for a table without ``delta.checkpointInterval``."""
 
@@ -664,7 +664,8 @@ class DeltaDestination(Destination):
             return
         if running:  # an interval behind: the roll waits for the previous checkpoint (see above)
             if not self.settle(CHECKPOINT_WAIT):
-                return  # still running (a store that hangs): a later roll waits again
+                self._checkpointing_at = state.version  # a store that hangs: waited for again an interval later
+                return
             self._collect(state)
         clean = state.version // (interval * CLEANUP_EVERY) > last // (interval * CLEANUP_EVERY)
         clean = clean and config.get("delta.enableExpiredLogCleanup", "true").lower() != "false"
