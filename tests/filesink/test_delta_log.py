@@ -664,6 +664,43 @@ def test_a_checkpoint_runs_off_the_roll_and_is_waited_for_by_settle(tmp_path, mo
     assert state is not None and (state.checkpoint, state.version) == (6, 7) and state.txns == _wanted(root)
 
 
+def test_a_checkpoint_that_hangs_is_waited_for_once_an_interval(tmp_path, monkeypatch):
+    import threading
+
+    from filesink.destination import delta
+
+    monkeypatch.setattr(delta, "CHECKPOINT_WAIT", 0.3)
+    root = tmp_path / "t"
+    _table(root, interval=2)
+    dest = _destination(root)
+    _commit(dest, root, 0)
+    entered, release = threading.Event(), threading.Event()
+    checkpoint = deltalake.DeltaTable.create_checkpoint
+
+    def hanging(self):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert release.wait(60)
+        return checkpoint(self)
+
+    monkeypatch.setattr(deltalake.DeltaTable, "create_checkpoint", hanging)
+
+    def roll(epoch: int) -> float:
+        plan, written = _file(root, f"part-{epoch:05d}", _epoch_rows(epoch), dict.fromkeys(range(VNODES), epoch), epoch)
+        began = time.monotonic()
+        dest.make_visible([plan], written, SCHEMA)
+        dest.maintain()
+        return time.monotonic() - began
+
+    roll(1)  # version 2: the checkpoint starts, and hangs
+    assert entered.wait(60)
+    waits = [roll(e) >= 0.25 for e in range(2, 6)]  # versions 3 to 6
+    assert waits == [False, True, False, True], "the roll at each next interval waits, and only that one"
+    release.set()
+    assert dest.settle(60)
+    _commit(dest, root, 6)  # version 7: takes checkpoint 2's outcome, and checkpoints
+    assert json.loads((root / "_delta_log" / "_last_checkpoint").read_text())["version"] == 7
+
+
 def test_a_failed_background_checkpoint_is_logged_and_tried_again_later(tmp_path, monkeypatch, caplog):
     root = tmp_path / "t"
     _table(root, interval=2)
