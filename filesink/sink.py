@@ -110,6 +110,11 @@ LOCK_WAIT_SECONDS = 60.0
 stops, the server ends its foreachBatch process (SIGTERM) without waiting for it; a restarted query (or a flush)
 may start before the OS has released the old process's lock."""
 
+SETTLE_TIMEOUT = 300.0
+"""How long closing waits for a table's maintenance in the background (a Delta checkpoint: a fraction of a second
+at 10,000 files on local disk); past it the close goes on and the checkpoint may be left unwritten, which only
+makes reading the table slower."""
+
 FLUSH_CHECKPOINTS = "connect-flush"
 """Directory under ``state_dir`` (on the server) for the checkpoints of the one-batch queries ``flush()`` runs
 under Spark Connect; each flush removes those of earlier flushes."""
@@ -593,6 +598,7 @@ class ExactlyOnceParquetSink:
             self._stop.set()
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join(timeout=60)
+        self._destination.settle(timeout=SETTLE_TIMEOUT)  # a table's checkpoint in the background: ended first
         with self._lock:
             release_staging(self._output, self._term)
             try:  # no longer a live owner: `filesink recover apply` need not wait for this run

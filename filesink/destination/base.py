@@ -188,8 +188,14 @@ class Destination(ABC):
         ) from error
 
     def maintain(self) -> None:
-        """Keep the table's history bounded (checkpoints, log clean-up, snapshot expiry); after a commit."""
+        """Keep the table's history bounded (checkpoints, log clean-up, snapshot expiry); after a commit. What it
+        starts in the background (a Delta checkpoint) is waited for by :meth:`settle`."""
         return None
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait for the maintenance running in the background to end (at most ``timeout`` seconds); whether it
+        did. The destination stays usable. The sink calls it when it closes."""
+        return True
 
     def status(self) -> dict[str, Any]:
         """What ``filesink recover status`` shows of the destination."""

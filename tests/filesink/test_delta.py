@@ -161,6 +161,37 @@ def test_the_table_format_is_kept_for_life(tmp_path):
         ExactlyOnceParquetSink(str(tmp_path / "table"), str(tmp_path / "state"), vnodes=8, rollover=HOLD).close()
 
 
+def test_the_sink_closes_after_its_checkpoint_in_the_background(tmp_path, monkeypatch):
+    """The roll that reaches the checkpoint interval starts the checkpoint in the background and returns; the sink's
+    close waits for it."""
+    import threading
+    import time
+
+    from filesink.destination import delta
+
+    monkeypatch.setattr(delta, "CONFIGURATION", {**delta.CONFIGURATION, "delta.checkpointInterval": "2"})
+    entered = threading.Event()
+    checkpoint = deltalake.DeltaTable.create_checkpoint
+
+    def slow(self):  # type: ignore[no-untyped-def]
+        entered.set()
+        time.sleep(0.5)
+        return checkpoint(self)
+
+    monkeypatch.setattr(deltalake.DeltaTable, "create_checkpoint", slow)
+    sink = _open(tmp_path, rollover=EVERY_2)
+    expected = Counter()
+    for epoch in range(4):  # rolls at epochs 1 and 3: versions 1 and 2
+        expected += _epochs(sink, range(epoch, epoch + 1))
+        sink._roll(force=False)
+    assert entered.wait(30), "the roll at version 2 started the checkpoint"
+    hint = tmp_path / "table" / "_delta_log" / "_last_checkpoint"
+    sink.close()
+    assert json.loads(hint.read_text())["version"] == 2, "the close waited for the checkpoint"
+    assert deltalake.DeltaTable(str(tmp_path / "table")).version() == 2
+    assert table_rows(str(tmp_path / "table")) == expected
+
+
 def test_a_table_on_s3(tmp_path, s3_prefix, s3_options):
     out = s3_prefix + "/table"
     sink = _open(tmp_path, out, storage_options=s3_options, partition_by=["event_date"])

@@ -9,6 +9,8 @@ destination), run between this destination's read of the log and its conditional
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +29,7 @@ from filesink.writer import WrittenObject
 deltalake = pytest.importorskip("deltalake")
 
 from filesink.destination.delta import DeltaDestination  # noqa: E402
-from filesink.destination.delta_log import DeltaLog, add_path  # noqa: E402
+from filesink.destination.delta_log import DeltaLog, add_path, entry_name  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -84,6 +86,7 @@ def _commit(dest: DeltaDestination, root: Path, epoch: int, name: str | None = N
     plan, written = _file(root, name or f"part-{epoch:05d}", rows, dict.fromkeys(range(VNODES), epoch), epoch)
     dest.make_visible([plan], written, SCHEMA)
     dest.maintain()
+    dest.settle()  # the checkpoint runs in the background: its outcome is what these tests look at
     return Counter(rows)
 
 
@@ -166,6 +169,33 @@ def test_a_commit_by_another_writer_between_our_read_and_our_put_is_passed_by(tm
     assert {table.transaction_version(f"s1-v{v}") for v in range(VNODES)} == {1}
     assert _rows(root) == expected + Counter(other_rows)
     assert _polars_rows(root) == expected + Counter(other_rows)
+
+
+def test_a_race_lost_on_a_table_read_again_from_its_checkpoint_is_passed_by(tmp_path):
+    """On a table with a short log retention the sink reads the log again (from its checkpoint) after a lost race:
+    only what changed since its state counts, not its own marks of earlier rolls, so another application's append
+    is passed by."""
+    root = tmp_path / "t"
+    _short_history(root)
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(12):  # a checkpoint at 10
+        expected += _commit(dest, root, epoch)
+    other_rows = [(900, 9, "2024-01-09")]
+
+    def other() -> None:
+        deltalake.write_deltalake(
+            str(root),
+            pa.table({c: [r[i] for r in other_rows] for i, c in enumerate(SCHEMA.names)}, schema=SCHEMA),
+            mode="append",
+            partition_by=["day"],
+        )
+
+    racing = _Racing(dest._log, other)
+    dest._log = racing
+    expected += _commit(dest, root, 12)
+    assert racing.puts == [(13, "exists"), (14, "created")]
+    assert _rows(root) == expected + Counter(other_rows)
 
 
 def test_a_lost_race_to_another_run_of_the_same_sink_with_the_same_files_is_landed(tmp_path):
@@ -382,6 +412,7 @@ def test_a_table_on_s3_is_read_from_its_checkpoint_and_the_names_after_it(tmp_pa
             dest._log.storage.fs.put_file(str(staging / obj.key), f"{out}/{obj.key}")
         dest.make_visible([plan], written, SCHEMA)
         dest.maintain()
+        dest.settle()
         expected += Counter(rows)
     assert dest.delta_rs is None
     assert dest._log._listed(4) == [
@@ -401,3 +432,335 @@ def test_a_table_on_s3_is_read_from_its_checkpoint_and_the_names_after_it(tmp_pa
     assert table.version() == 5
     data = table.to_pyarrow_table(columns=SCHEMA.names)
     assert Counter(zip(*(data[c].to_pylist() for c in SCHEMA.names), strict=True)) == expected
+
+
+# -- start-up without a listing, and checkpoints in the background ---------------------------------------------
+
+
+def _table(root: Path, interval: int = 10, retention: str = "interval 30 days") -> None:
+    deltalake.DeltaTable.create(
+        str(root),
+        schema=SCHEMA,
+        partition_by=["day"],
+        configuration={"delta.checkpointInterval": str(interval), "delta.logRetentionDuration": retention},
+    )
+
+
+def _listings(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """Record the log's listings (their starting version)."""
+    seen: list[int | None] = []
+    listed = DeltaLog._listed
+
+    def spy(self: DeltaLog, since: int | None) -> list[str]:
+        seen.append(since)
+        return listed(self, since)
+
+    monkeypatch.setattr(DeltaLog, "_listed", spy)
+    return seen
+
+
+def _hint(log: Path, version: int) -> None:
+    (log / "_last_checkpoint").write_text(json.dumps({"version": version, "size": 1}))
+
+
+def _wanted(root: Path, sinks: tuple[str, ...] = ("s1",)) -> dict[str, int]:
+    table = deltalake.DeltaTable(str(root))
+    return {f"{s}-v{v}": table.transaction_version(f"{s}-v{v}") for s in sinks for v in range(VNODES)}
+
+
+def test_retention_is_read_as_delta_writes_it():
+    from filesink.destination.delta_log import DEFAULT_RETENTION, retention
+
+    assert retention({}) == DEFAULT_RETENTION == 30 * 86400
+    assert retention({"delta.logRetentionDuration": "interval 30 days"}) == 30 * 86400
+    assert retention({"delta.logRetentionDuration": "interval 1 week 2 hours"}) == 7 * 86400 + 7200
+    assert retention({"delta.logRetentionDuration": "interval 0 seconds"}) == 0
+    assert retention({"delta.logRetentionDuration": "30 days"}) == 30 * 86400
+    assert retention({"delta.logRetentionDuration": "interval 2 fortnights"}) == 0, "unknown: nothing is safe"
+
+
+def test_a_start_reads_on_from_the_hint_without_listing_the_log(tmp_path, monkeypatch):
+    """The hint names the newest checkpoint, or an older one (a writer died between its checkpoint and the hint):
+    either way the start reads on from it, entry after entry, and lists nothing."""
+    root = tmp_path / "t"
+    _table(root)
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(25):
+        expected += _commit(dest, root, epoch)
+    log = root / "_delta_log"
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 20
+    listings = _listings(monkeypatch)
+    state = _destination(root)._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (20, 25) and state.txns == _wanted(root)
+    _hint(log, 10)  # behind the newest checkpoint, with every entry still there: read on from 10
+    fresh = _destination(root)
+    state = fresh._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (10, 25) and state.txns == _wanted(root)
+    assert listings == [], "neither start listed the log"
+    expected += _commit(fresh, root, 25)
+    assert deltalake.DeltaTable(str(root)).version() == 26
+    assert _rows(root) == expected
+
+
+def test_a_clean_up_during_the_start_is_followed_to_the_newer_checkpoint(tmp_path, monkeypatch):
+    """The start reads the hint (10), then a clean-up after checkpoint 20 removes entries 11 to 19: the start finds
+    11 absent, reads the hint again, and reads from checkpoint 20 on, without a listing."""
+    root = tmp_path / "t"
+    _table(root)
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(23):
+        expected += _commit(dest, root, epoch)
+    log = root / "_delta_log"
+    for v in range(11, 20):
+        (log / entry_name(v)).unlink()  # what the clean-up removed (the checkpoint at 10 not yet)
+    listings = _listings(monkeypatch)
+    fresh = _destination(root)
+    hints = iter([(10, None)])
+    read_hint = DeltaLog._last_checkpoint
+    monkeypatch.setattr(fresh._log, "_last_checkpoint", lambda: next(hints, None) or read_hint(fresh._log))
+    state = fresh._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (20, 23)
+    assert state.txns == {f"s1-v{v}": 22 for v in range(VNODES)}
+    assert listings == []
+    expected += _commit(fresh, root, 23)
+    assert deltalake.DeltaTable(str(root)).version() == 24 and (log / entry_name(24)).exists()
+    assert _rows(root) == expected
+
+
+def test_a_hint_set_back_behind_a_clean_up_is_listed_where_the_entries_are_old(tmp_path, monkeypatch):
+    """A writer set the hint back to 10 after a clean-up after checkpoint 20 removed entries 11 to 19 (checkpoint 10
+    kept): reading on from 10 ends at 10, the hint says nothing newer, but entry 10 is older than the retention, so
+    a later one may have been cleaned up: the log is listed, and read from checkpoint 20."""
+    root = tmp_path / "t"
+    _table(root)
+    dest = _destination(root)
+    for epoch in range(23):
+        _commit(dest, root, epoch)
+    log = root / "_delta_log"
+    for v in range(11, 20):
+        (log / entry_name(v)).unlink()
+    _hint(log, 10)
+    listings = _listings(monkeypatch)
+    young = _destination(root)._light("read")
+    assert young is not None and young.version == 10, "young entries: the protocol's clean-ups cannot have made a gap"
+    assert listings == []
+    old = time.time() - 40 * 86400
+    for path in log.iterdir():
+        os.utime(path, (old, old))
+    fresh = _destination(root)
+    state = fresh._light("read")
+    assert listings == [10]
+    assert state is not None and (state.checkpoint, state.version) == (20, 23)
+    assert state.txns == {f"s1-v{v}": 22 for v in range(VNODES)}
+
+
+def test_an_idle_sink_reads_the_log_again_after_the_retention(tmp_path, monkeypatch):
+    """A sink whose state's end was seen longer ago than the retention reads the log again before its commit (the
+    hint could have been set back since a clean-up); a busy one only reads on."""
+    root = tmp_path / "t"
+    _table(root)
+    dest = _destination(root)
+    expected = Counter()
+    for epoch in range(3):
+        expected += _commit(dest, root, epoch)
+    loads: list[int] = []
+    load = DeltaLog.load
+
+    def spy(self: DeltaLog):  # type: ignore[no-untyped-def]
+        loads.append(1)
+        return load(self)
+
+    monkeypatch.setattr(DeltaLog, "load", spy)
+    expected += _commit(dest, root, 3)
+    assert loads == []
+    assert dest._state is not None
+    dest._state.ended_at = time.time() - 40 * 86400
+    expected += _commit(dest, root, 4)
+    assert loads == [1]
+    assert dest._state is not None and dest._state.version == 5 and time.time() - dest._state.ended_at < 60
+    assert _rows(root) == expected
+
+
+def test_two_writers_racing_with_checkpoints_in_the_background(tmp_path):
+    """Two sinks commit to one table at once, each from its own thread, with a checkpoint every 5 versions in the
+    background: every file is in the table once, and a start agrees with delta-rs."""
+    import threading
+
+    root = tmp_path / "t"
+    _table(root, interval=5)
+    sinks = {name: _destination(root, name) for name in ("s1", "s2")}
+    expected: dict[str, Counter] = {name: Counter() for name in sinks}
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            for epoch in range(15):
+                expected[name] += _commit(sinks[name], root, epoch, f"part-{name}-{epoch:05d}")
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in sinks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert all(d.settle(60) for d in sinks.values())
+    table = deltalake.DeltaTable(str(root))
+    assert table.version() == 30
+    assert json.loads((root / "_delta_log" / "_last_checkpoint").read_text())["version"] >= 25
+    assert _rows(root) == expected["s1"] + expected["s2"]
+    state = _destination(root)._light("read")
+    assert state is not None and state.version == 30 and state.txns == _wanted(root, ("s1", "s2"))
+    assert set(state.txns.values()) == {14}
+
+
+def test_a_checkpoint_runs_off_the_roll_and_is_waited_for_by_settle(tmp_path, monkeypatch):
+    """The roll that reaches the interval starts the checkpoint and returns; later rolls do not wait for it, nor
+    start another, until the next is due an interval later: that roll waits for it, then starts the next. settle
+    waits for it too."""
+    import threading
+
+    root = tmp_path / "t"
+    _table(root, interval=3)
+    dest = _destination(root)
+    for epoch in range(2):
+        _commit(dest, root, epoch)
+    entered, release = threading.Event(), threading.Event()
+    started: list[int] = []
+    checkpoint = deltalake.DeltaTable.create_checkpoint
+
+    def slow(self):  # type: ignore[no-untyped-def]
+        started.append(self.version())
+        entered.set()
+        assert release.wait(60)
+        return checkpoint(self)
+
+    monkeypatch.setattr(deltalake.DeltaTable, "create_checkpoint", slow)
+    log = root / "_delta_log"
+
+    def roll(epoch: int) -> float:
+        plan, written = _file(root, f"part-{epoch:05d}", _epoch_rows(epoch), dict.fromkeys(range(VNODES), epoch), epoch)
+        began = time.monotonic()
+        dest.make_visible([plan], written, SCHEMA)
+        dest.maintain()
+        return time.monotonic() - began
+
+    roll(2)  # version 3: the checkpoint starts
+    assert entered.wait(60)
+    assert [roll(e) < 5 for e in (3, 4)] == [True, True], "versions 4 and 5 do not wait for it"
+    assert started == [3] and not (log / "_last_checkpoint").exists(), "one checkpoint, still running"
+    assert not dest.settle(0.1), "still running"
+    threading.Timer(0.5, release.set).start()
+    assert roll(5) >= 0.4, "version 6: the next is due, and the roll waits for the one running"
+    assert dest.settle(60)
+    assert started == [3, 6]
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 6
+    assert dest.checkpoint_took is not None and dest.checkpoint_took[0] == 6
+    _commit(dest, root, 6)
+    state = _destination(root)._light("read")
+    assert state is not None and (state.checkpoint, state.version) == (6, 7) and state.txns == _wanted(root)
+
+
+def test_a_checkpoint_that_hangs_is_waited_for_once_an_interval(tmp_path, monkeypatch):
+    import threading
+
+    from filesink.destination import delta
+
+    monkeypatch.setattr(delta, "CHECKPOINT_WAIT", 0.3)
+    root = tmp_path / "t"
+    _table(root, interval=2)
+    dest = _destination(root)
+    _commit(dest, root, 0)
+    entered, release = threading.Event(), threading.Event()
+    checkpoint = deltalake.DeltaTable.create_checkpoint
+
+    def hanging(self):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert release.wait(60)
+        return checkpoint(self)
+
+    monkeypatch.setattr(deltalake.DeltaTable, "create_checkpoint", hanging)
+
+    def roll(epoch: int) -> float:
+        plan, written = _file(root, f"part-{epoch:05d}", _epoch_rows(epoch), dict.fromkeys(range(VNODES), epoch), epoch)
+        began = time.monotonic()
+        dest.make_visible([plan], written, SCHEMA)
+        dest.maintain()
+        return time.monotonic() - began
+
+    roll(1)  # version 2: the checkpoint starts, and hangs
+    assert entered.wait(60)
+    waits = [roll(e) >= 0.25 for e in range(2, 6)]  # versions 3 to 6
+    assert waits == [False, True, False, True], "the roll at each next interval waits, and only that one"
+    release.set()
+    assert dest.settle(60)
+    _commit(dest, root, 6)  # version 7: takes checkpoint 2's outcome, and checkpoints
+    assert json.loads((root / "_delta_log" / "_last_checkpoint").read_text())["version"] == 7
+
+
+def test_a_failed_background_checkpoint_is_logged_and_tried_again_later(tmp_path, monkeypatch, caplog):
+    root = tmp_path / "t"
+    _table(root, interval=2)
+    dest = _destination(root)
+
+    def failing(self):  # type: ignore[no-untyped-def]
+        raise OSError("disk full")
+
+    monkeypatch.setattr(deltalake.DeltaTable, "create_checkpoint", failing)
+    expected = Counter()
+    for epoch in range(3):
+        expected += _commit(dest, root, epoch)
+    assert "the checkpoint at version 2 failed (disk full)" in caplog.text
+    assert dest._checkpoint_retry == 12, "tried again 10 versions later"
+    monkeypatch.undo()
+    for epoch in range(3, 12):
+        expected += _commit(dest, root, epoch)
+    assert json.loads((root / "_delta_log" / "_last_checkpoint").read_text())["version"] == 12
+    assert _rows(root) == expected
+
+
+def test_the_background_checkpoint_never_sets_the_hint_back(tmp_path, monkeypatch):
+    """Another writer's checkpoint at or past the version the thread read is left as the newest."""
+    root = tmp_path / "t"
+    _table(root, interval=100)
+    dest = _destination(root)
+    for epoch in range(3):
+        _commit(dest, root, epoch)
+    made: list[int] = []
+    monkeypatch.setattr(deltalake.DeltaTable, "create_checkpoint", lambda self: made.append(self.version()))
+    monkeypatch.setattr(dest._log, "last_checkpoint", lambda: 40)
+    dest._checkpoint(3, False)
+    assert made == [] and dest._outcome == (40, False)
+    monkeypatch.setattr(dest._log, "last_checkpoint", lambda: 2)
+    dest._checkpoint(3, False)
+    assert made == [3] and dest._outcome == (3, False)
+
+
+def test_a_listing_that_missed_an_entry_created_meanwhile_is_listed_again(tmp_path, monkeypatch):
+    """A listing of a local directory may miss an entry created while it runs and show the next: a gap, listed
+    again; one that stays is a log this reader does not read."""
+    root = tmp_path / "t"
+    _table(root)
+    dest = _destination(root)
+    for epoch in range(5):
+        _commit(dest, root, epoch)
+    assert not (root / "_delta_log" / "_last_checkpoint").exists(), "no checkpoint yet: the start lists the log"
+    listed = DeltaLog._listed
+    missed = [1]
+
+    def once(self: DeltaLog, since: int | None) -> list[str]:
+        names = listed(self, since)
+        if missed:
+            missed.pop()
+            names.remove(entry_name(3))
+        return names
+
+    monkeypatch.setattr(DeltaLog, "_listed", once)
+    state = _destination(root)._light("read")
+    assert state is not None and state.version == 5 and not missed
+    monkeypatch.setattr(DeltaLog, "_listed", lambda self, since: [n for n in listed(self, since) if n != entry_name(3)])
+    fresh = _destination(root)
+    assert fresh._light("read") is None and fresh.delta_rs is not None and "a gap" in fresh.delta_rs
