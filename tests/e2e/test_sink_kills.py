@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,8 @@ from logstore.failpoints import DIR_VAR, ENV_VAR, fired
 JOB = SUPPORT / "sink_job.py"
 LINE_TIMEOUT = 300
 """Seconds to wait for the job's next line: a start (Spark, recovery) or a batch on a busy machine."""
+OTHERS_WAIT = 60.0
+"""Into a table, seconds a run with a paused writer waits for another writer of the roll to publish its file."""
 
 
 def _start(
@@ -117,15 +120,25 @@ def _zombie_run(
     log_store: str | None = None,
     state: Path | None = None,
     table: TableTarget | None = None,
+    outside: Callable[[], set[str]] | None = None,
 ) -> tuple[int, str]:
     """Run the job until one of its file writers pauses itself (SIGSTOP) before publishing; kill the job,
-    leaving the paused writer behind. Returns the writer's pid and the object it was about to publish."""
+    leaving the paused writer behind. Returns the writer's pid and the object it was about to publish.
+
+    Into a table, ``outside()`` names the files in the table's directory that the table does not hold: the job is
+    killed once another writer of the roll has published its file (at a parallelism of 2 or more), which the table
+    cannot hold while the paused writer keeps the roll from its commit, and which the next start's recovery must
+    commit; or after OTHERS_WAIT seconds, when the roll has no other file (a writer's vnodes behind the others'
+    after a file was dropped)."""
     shared.mkdir()
     env = {ENV_VAR: "filesink.write.publish.before=stop@once", DIR_VAR: str(shared)}
     proc = _start(tmp_path, out, options, parallelism, env, log_store, state, table)
     wait_until(lambda: bool(fired(str(shared))), 180, "a writer to pause", proc=proc)
     _name, pid, key = fired(str(shared))[0]
     wait_until(lambda: process_state(pid) == "T", 180, "the writer to stop", proc=proc)
+    deadline = time.monotonic() + OTHERS_WAIT
+    while outside is not None and not outside() - {key} and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     _kill(proc)
     return pid, key
 
@@ -316,8 +329,18 @@ def campaign(
                 parallelism = rng.choice([p for p in (1, 2, 3, 4) if p != parallelism])
             if kill in pausing:
                 assert zombie is None and newer is None
+                if watch is not None and parallelism == 1:  # another writer publishes while one is paused
+                    parallelism = rng.choice([2, 3, 4])
                 zombie, key = _zombie_run(
-                    tmp_path, out, options, parallelism, tmp_path / f"zombie-{kill}", log_store, state, table
+                    tmp_path,
+                    out,
+                    options,
+                    parallelism,
+                    tmp_path / f"zombie-{kill}",
+                    log_store,
+                    state,
+                    table,
+                    None if watch is None else watch.outside_now,
                 )
                 zombies += 1
                 landed += 1

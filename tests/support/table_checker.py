@@ -236,6 +236,11 @@ class TableWatch:
                 stray.append(key)
         return view, objects, stray
 
+    def outside_now(self) -> set[str]:
+        """The objects in the table's directory (but its metadata) that the table does not hold now."""
+        held = read_table(self.target, self.path, self.options).files
+        return set(data_objects(self.target, self.path, self.options)) - set(held)
+
     def step(self, what: str, *, quiet: bool, recovered: bool) -> None:
         """The checks after a kill: ``quiet`` when no run is left running; ``recovered`` when a run that recovered
         (printed ``started``) ran since the last quiet check."""
@@ -264,4 +269,5 @@ class TableWatch:
         lost, duplicated, unexpected = compare(self.expected, view.rows)
         self.view = view
         outside = sorted(set(objects) - set(view.files))
+        self.settled += len(self.outside - set(outside))  # the last run recovered them (or they are reported)
         return Report(sum(self.expected.values()), lost, duplicated, unexpected, stray, self.target.format, outside)
