@@ -608,7 +608,7 @@ TABLE_SEEDS = range(400, 403)
 
 
 @pytest.mark.chaos
-@pytest.mark.timeout(2400)  # 689 s (Delta) and 743 s (Iceberg) measured side by side (-n 2), load 7 to 14 on 2 cores
+@pytest.mark.timeout(2400)  # 269-743 s a seed measured two at a time (-n 2), load 4 to 14 on 2 cores
 @pytest.mark.parametrize("seed", TABLE_SEEDS)
 @pytest.mark.parametrize("table_format", TABLE_FORMATS)
 def test_chaos_table_campaign(
@@ -625,7 +625,7 @@ TABLE_DRIVER_LOSS_SEEDS = range(500, 503)
 
 
 @pytest.mark.chaos
-@pytest.mark.timeout(2400)  # 573 s (Delta) and 609 s (Iceberg) measured side by side (-n 2), load 5 to 10 on 2 cores
+@pytest.mark.timeout(2400)  # 316-890 s a seed measured two at a time (-n 2), load 4 to 15 on 2 cores
 @pytest.mark.parametrize("seed", TABLE_DRIVER_LOSS_SEEDS)
 @pytest.mark.parametrize("table_format", TABLE_FORMATS)
 def test_chaos_table_driver_loss_campaign(
