@@ -12,12 +12,14 @@ import re
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from faultproxy import FaultRule
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
+from table_checker import TableTarget, TableWatch
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.errors import FencedError
@@ -35,7 +37,11 @@ def with_retries(options: dict[str, Any], retries: int) -> dict[str, Any]:
     return {**options, "config_kwargs": config}
 
 
-def open_sink(prefix: str, state_dir, options: dict[str, Any]) -> ExactlyOnceParquetSink:
+def open_sink(
+    prefix: str, state_dir, options: dict[str, Any], table: dict[str, Any] | None = None
+) -> ExactlyOnceParquetSink:
+    """``table``: the table options (``table_format``, and for Iceberg ``catalog`` and ``table``); none: a
+    directory."""
     return ExactlyOnceParquetSink(
         f"{prefix}/table",
         state_dir,
@@ -45,6 +51,7 @@ def open_sink(prefix: str, state_dir, options: dict[str, Any]) -> ExactlyOncePar
         partition_by=list(PARTITION_BY),
         rollover=RULES,
         storage_options=options,
+        **(table or {}),
     )
 
 
@@ -228,17 +235,31 @@ def _epoch(epoch: int, rows: list[tuple]):
 class Campaign:
     """One sink, restarted (as a crashed job is) whenever a call fails after botocore's retries."""
 
-    def __init__(self, s3_server, prefix: str, state_dir, options: dict[str, Any], seed: int) -> None:
+    def __init__(
+        self,
+        s3_server,
+        prefix: str,
+        state_dir,
+        options: dict[str, Any],
+        seed: int,
+        table: dict[str, Any] | None = None,
+    ) -> None:
         self.s3_server, self.prefix, self.state_dir = s3_server, prefix, state_dir
-        self.options, self.seed = options, seed
+        self.options, self.seed, self.table = options, seed, table
         self.expected: Counter = Counter()
         self.failures: list[BaseException] = []
         self.orphans = 0
+        self.starts = 0
+        """Starts that ran recovery to its end (the sink opened)."""
+        self.restarts_at: Counter[int] = Counter()
+        """Restarts per epoch: while its batch was being handed over."""
 
     def _open(self) -> ExactlyOnceParquetSink:
         for _ in range(20):
             try:
-                return open_sink(self.prefix, self.state_dir, self.options)  # runs recovery
+                sink = open_sink(self.prefix, self.state_dir, self.options, self.table)  # runs recovery
+                self.starts += 1
+                return sink
             except Exception as e:
                 self.failures.append(e)
         raise AssertionError(f"{self.prefix}: the sink did not start in 20 attempts: {self.failures[-3:]}")
@@ -250,13 +271,19 @@ class Campaign:
                 return
             except Exception as e:
                 self.failures.append(e)
+                self.restarts_at[self.epoch] += 1
                 crash(self.sink)
+                self.crashed(len(self.failures))
                 self.sink = self._open()
         raise AssertionError(f"{self.prefix}: a call failed 20 times in a row: {self.failures[-3:]}")
+
+    def crashed(self, failures: int) -> None:
+        """After a sink that had started was dropped as a crashed job is (nothing running): checks, if any."""
 
     def run(self, epochs: int) -> None:
         self.sink = self._open()
         for epoch in range(epochs):
+            self.epoch = epoch
             rows = batch_rows(epoch, CAMPAIGN_ROWS, seed=self.seed)
             self.expected.update(rows)
             self._call(_epoch(epoch, rows))
@@ -296,16 +323,11 @@ def _origin(error: BaseException) -> str:
     return f"{'/'.join(ours[-1].filename.rsplit('/', 2)[-2:])}:{ours[-1].lineno}" if ours else "?"
 
 
-@pytest.mark.slow
-def test_campaign(s3_server, s3_prefix, tmp_path, fault_proxy, proxy_options):
-    began = time.monotonic()
+def _run_campaigns(campaigns: Sequence[Campaign], fault_proxy, began: float, title: str) -> list[BaseException]:
+    """Run ``campaigns`` side by side under the campaign's rules, check each, print the summary and assert what
+    every S3 fault campaign must show; return the failures (the restarts' causes)."""
     fault_proxy.forget_completed = True
     fault_proxy.set_rules(CAMPAIGN_RULES)
-    options = with_retries(proxy_options, CAMPAIGN_RETRIES)
-    campaigns = [
-        Campaign(s3_server, f"{s3_prefix}/sink-{i}", tmp_path / f"state-{i}", options, seed=i)
-        for i in range(CAMPAIGN_SINKS)
-    ]
     with ThreadPoolExecutor(len(campaigns)) as pool:
         for done in [pool.submit(c.run, CAMPAIGN_EPOCHS) for c in campaigns]:
             done.result()
@@ -315,7 +337,7 @@ def test_campaign(s3_server, s3_prefix, tmp_path, fault_proxy, proxy_options):
     lost, duplicated, unexpected = (sum(a[i] for a in anomalies) for i in range(3))
     failures = [f for c in campaigns for f in c.failures]
     print(
-        f"\nS3 fault campaign: {sum(faults.values())} faults {dict(sorted(faults.items()))} in "
+        f"\n{title}: {sum(faults.values())} faults {dict(sorted(faults.items()))} in "
         f"{sum(fault_proxy.requests.values())} requests; {len(failures)} restarts; "
         f"{sum(sum(c.expected.values()) for c in campaigns)} rows checked: lost {lost}, duplicated {duplicated}, "
         f"unexpected {unexpected}; {time.monotonic() - began:.0f} s"
@@ -335,3 +357,104 @@ def test_campaign(s3_server, s3_prefix, tmp_path, fault_proxy, proxy_options):
     assert fault_proxy.emulated["NoSuchUpload"] >= 5, "retried Completes met NoSuchUpload"
     fenced = [f for f in failures if isinstance(f, FencedError) or isinstance(f.__cause__, FencedError)]
     assert fenced == [], "no writer of a live run is fenced: a lost Complete answer is a success"
+    return failures
+
+
+@pytest.mark.slow
+def test_campaign(s3_server, s3_prefix, tmp_path, fault_proxy, proxy_options):
+    began = time.monotonic()
+    options = with_retries(proxy_options, CAMPAIGN_RETRIES)
+    campaigns = [
+        Campaign(s3_server, f"{s3_prefix}/sink-{i}", tmp_path / f"state-{i}", options, seed=i)
+        for i in range(CAMPAIGN_SINKS)
+    ]
+    _run_campaigns(campaigns, fault_proxy, began, "S3 fault campaign")
+
+
+# -- the campaign into a table -------------------------------------------------------------------------------
+
+
+def _end_epoch(name: str) -> int:
+    m = _NAME.fullmatch(name + ".parquet")
+    assert m is not None, name
+    return int(m[2])
+
+
+class TableCampaign(Campaign):
+    """The campaign into a Delta or an Iceberg table on S3: the table is the truth, read with deltalake or pyiceberg
+    straight from the server (:class:`table_checker.TableWatch`) after every restart and at the end."""
+
+    def __init__(self, s3_server, prefix: str, state_dir, options: dict[str, Any], seed: int, target: TableTarget):
+        table: dict[str, Any] = {"table_format": target.format}
+        if target.format == "iceberg":
+            table |= {"catalog": dict(target.catalog), "table": target.table}
+        super().__init__(s3_server, prefix, state_dir, options, seed, table)
+        self.watch = TableWatch(target, f"{prefix}/table", s3_server.storage_options(), self.expected, seed)
+
+    def crashed(self, failures: int) -> None:
+        # The dropped sink had started (recovered): what was outside the table before it started is in it now.
+        self.watch.step(f"after restart {failures}", quiet=True, recovered=True)
+
+    def check(self) -> tuple[int, int, int]:
+        report = self.watch.final()
+        view, points = self.watch.view, self.points
+        what = f"{self.watch.target.describe()} at {self.prefix}"
+        assert report.stray_objects == [], f"{what}: stray objects {report.stray_objects[:5]}"
+        assert report.outside_table == [], f"{what}: files outside the table {report.outside_table[:5]}"
+        assert self.pending == [], f"{what}: pending files after the last start {self.pending}"
+        assert view.sink_id == self.sink_id, f"{what}: the table's commits name the sink {view.sink_id}"
+        for key in view.files:  # each committed: every vnode it holds truncated past its end epoch
+            m = _NAME.fullmatch(key.rsplit("/", 1)[-1])
+            assert m is not None, f"{what}: {key}"
+            end, first_vnode, last_vnode = int(m[2]), int(m[3]), int(m[4])
+            assert all(points[v] >= end for v in range(first_vnode, last_vnode + 1)), f"{what}: {key} not committed"
+        # The sink's uploads are all ended. The table's metadata files (Iceberg) are written by pyiceberg's file IO
+        # (pyarrow's S3 file system), which leaves an upload behind when a request of it fails: counted, not checked.
+        uploads = uploads_in_progress(self.s3_server, self.prefix)
+        metadata = self.prefix.removeprefix(f"s3://{self.s3_server.bucket}/") + "/table/metadata/"
+        self.metadata_uploads = sum(key.startswith(metadata) for key in uploads)
+        assert [key for key in uploads if not key.startswith(metadata)] == [], f"{what}: uploads left: {uploads}"
+        # A roll is one commit. Each epoch is flushed alone, so a roll's files end at its epoch. A restart can split
+        # one: the next start commits the roll's whole files, and what it drops is rolled again. So the files ending
+        # at an epoch are in at most 1 + (restarts during its batch) commits. A commit per file (or per vnode range)
+        # would exceed it at every epoch of more than one file without a restart (counted: ``binding``).
+        ends = [{_end_epoch(f) for f in commit} for commit in view.commits]
+        per_epoch = Counter(e for c in ends for e in c)
+        over = {e: n for e, n in sorted(per_epoch.items()) if n > 1 + self.restarts_at[e]}
+        assert not over, f"{what}: commits per epoch beyond 1 + its restarts {dict(self.restarts_at)}: {over}"
+        files_at = Counter(_end_epoch(f) for commit in view.commits for f in commit)
+        self.binding = sum(files_at[e] > 1 and self.restarts_at[e] == 0 for e in per_epoch)
+        """Epochs at which a commit per file would break the bound (more than one file, no restart)."""
+        self.commits, self.files = len(view.commits), sum(len(c) for c in view.commits)
+        self.split = sum(n > 1 for n in per_epoch.values())
+        return report.lost, report.duplicated, report.unexpected
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_chaos_table_s3_fault_campaign(s3_server, s3_prefix, tmp_path, fault_proxy, proxy_options, table_format):
+    """The S3 fault campaign with the output a Delta or an Iceberg table on S3, the table and the log store behind
+    the proxy. Iceberg's catalog is a SQLite file under the test's directory (it survives the restarts), not behind
+    the proxy; the table's metadata files, written by pyiceberg, are."""
+    began = time.monotonic()
+    options = with_retries(proxy_options, CAMPAIGN_RETRIES)
+    campaigns: list[TableCampaign] = []
+    for i in range(CAMPAIGN_SINKS):
+        prefix = f"{s3_prefix}/sink-{i}"
+        if table_format == "iceberg":
+            catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / f'catalog-{i}.db'}", "warehouse": prefix}
+            target = TableTarget("iceberg", table="faults.events", catalog=tuple(sorted(catalog.items())))
+        else:
+            target = TableTarget("delta")
+        campaigns.append(TableCampaign(s3_server, prefix, tmp_path / f"state-{i}", options, i, target))
+    _run_campaigns(campaigns, fault_proxy, began, f"S3 fault campaign into {table_format} tables")
+    print(
+        f"  table commits {[c.commits for c in campaigns]} for {CAMPAIGN_EPOCHS} rolls each "
+        f"({[c.split for c in campaigns]} split by a restart; {[c.binding for c in campaigns]} where a commit per file "
+        f"would break the bound), files "
+        f"{[c.files for c in campaigns]}, starts {[c.starts for c in campaigns]}, files outside the table at a "
+        f"restart and committed by the next start {[c.watch.settled for c in campaigns]}; Delta: the creation "
+        f"written again {[c.watch.view.recreated for c in campaigns]}; Iceberg: metadata uploads left by pyiceberg "
+        f"{[c.metadata_uploads for c in campaigns]}"
+    )

@@ -5,7 +5,8 @@ After every kill (:meth:`TableWatch.step`) and at the end (:meth:`TableWatch.fin
 
 - the table's rows are input rows, none twice (exact multisets; at the end every input row, once);
 - the table's files are the ones the sink's commits added, each in exactly one commit, and the table has had no
-  other commit (Delta: version 0 creates the table, then one version per commit; Iceberg: one snapshot per commit);
+  other commit (Delta: version 0 creates the table, then one version per commit, but for the creation written again
+  by delta-rs when the answer to its first write was lost; Iceberg: one snapshot per commit);
 - every file the table holds is an object in its directory, of the size the table records, and stays the object
   it was when the table first held it (same size, and the same inode and mtime, or S3 ETag and LastModified): the
   table's files are the files the sink wrote, never rewritten or replaced;
@@ -32,6 +33,7 @@ from checker import Report, compare
 from sink_helpers import COLUMNS, _fs
 
 from filesink.output import CLAIM_NAME, MARK_NAME, is_file_name
+from filesink.output.naming import file_of
 
 EMBEDDED_CATALOG = "_filesink_iceberg_catalog.db"
 """The embedded SQLite catalog beside a local Iceberg table (``filesink.destination.iceberg.EMBEDDED_CATALOG``:
@@ -71,13 +73,17 @@ class TableView:
 
     rows: Counter[Any] = field(default_factory=Counter)
     files: dict[str, int] = field(default_factory=dict)
-    """The data files the table holds: key (relative to the table's root) -> size the table records."""
+    """The data objects the table holds (a partitioned file has one per partition): key (relative to the table's
+    root) -> size the table records."""
     commits: list[list[str]] = field(default_factory=list)
     """The sink's commits, oldest first: the names of each one's files."""
     versions: int = 0
     """Commits the table has had: Delta, its newest version (version 0 creates it); Iceberg, its snapshots."""
     sink_id: str | None = None
     """The sink that committed (from its commits' metadata), once there is a commit."""
+    recreated: int = 0
+    """Delta: versions after the first that are the table's creation again (delta-rs's ``DeltaTable.create`` whose
+    request created version 0 but whose answer was lost retries at the next version), by the same sink."""
 
 
 def _rows(table: pa.Table) -> Counter[Any]:
@@ -96,6 +102,8 @@ def read_delta(path: str, options: dict[str, Any] | None) -> TableView:
         return TableView()
     history = sorted(table.history(), key=lambda h: h["version"])
     ours = [h for h in history if "filesink.files" in h]
+    creator = history[0].get("filesink.sink_id") if history else None
+    again = [h for h in history[1:] if h.get("operation") == "CREATE TABLE" and h.get("filesink.sink_id") == creator]
     actions = pa.table(table.get_add_actions(flatten=True))
     return TableView(
         rows=_rows(table.to_pyarrow_table(columns=COLUMNS)),
@@ -103,6 +111,7 @@ def read_delta(path: str, options: dict[str, Any] | None) -> TableView:
         commits=[h["filesink.files"].split(",") for h in ours],
         versions=table.version(),
         sink_id=ours[0]["filesink.sink_id"] if ours else None,
+        recreated=len(again),
     )
 
 
@@ -204,14 +213,16 @@ class TableWatch:
         twice = sorted(n for n, k in Counter(names).items() if k > 1)
         assert not twice, self._fail(what, f"files in more than one commit: {twice[:5]}")
         assert all(view.commits), self._fail(what, "a commit of the sink without files")
-        assert {n + SUFFIX for n in names} == set(view.files), self._fail(
+        held = {file_of(key.rsplit("/", 1)[-1]) for key in view.files}  # a partitioned file: an object per partition
+        assert set(names) == held, self._fail(
             what,
-            "the table's files are not those its sink's commits added: "
-            f"{sorted(set(view.files) ^ {n + SUFFIX for n in names})[:5]}",
+            f"the table's files are not those its sink's commits added: {sorted(set(names) ^ held, key=str)[:5]}",
         )
         kind = "versions after its creation" if self.target.format == "delta" else "snapshots"
-        assert view.versions == len(view.commits), self._fail(
-            what, f"the table has {view.versions} {kind}, {len(view.commits)} of them the sink's commits"
+        assert view.versions == len(view.commits) + view.recreated, self._fail(
+            what,
+            f"the table has {view.versions} {kind}, {len(view.commits)} of them the sink's commits"
+            + (f", {view.recreated} its creation again" if view.recreated else ""),
         )
         gone = sorted(set(self.held) - set(view.files))
         assert not gone, self._fail(what, f"files the table held are no longer in it: {gone[:5]}")
