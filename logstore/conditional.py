@@ -96,43 +96,63 @@ def probe_conditional_create(storage: Storage) -> ProbeResult:
     (no check first: :meth:`~logstore.storage.Storage.conditional_put`), then delete it.
 
     Two PUTs and one DELETE on S3 (one PUT and no DELETE where the first create is refused). A store that answers
-    a create of a new object as if the object existed cannot create anything: :class:`ConditionalCreateError`.
+    a create of a new object as if the object existed cannot create anything: :class:`ConditionalCreateError`. An
+    object that holds the probe's own bytes after such an answer is a create whose answer was lost and retried (an
+    S3 fault campaign met it): the probe starts again once on a new name, and refuses only a second such answer.
     Errors of the store (unreachable, no permission) raise ``OSError`` naming the probe object; the probe object
     is deleted whatever happens after it was written."""
-    relpath = f"{PROBE_DIR}/{uuid.uuid4().hex}.json"
-    where = storage.display(relpath)
     server = _server(storage)
 
     def record(attempt: int) -> bytes:
         return json.dumps({"probe": "conditional create", "attempt": attempt, "at": time.time()}).encode()
 
-    written = False
-    try:
-        first = storage.conditional_put(relpath, record(1))
-        if first.answer is PutAnswer.REFUSED:
-            return ProbeResult(ConditionalCreate.REFUSED, where, first.seen, server)
-        written = True  # an EXISTS here is a store that claims a new name exists: delete whatever is there
-        if first.answer is PutAnswer.EXISTS:
-            raise ConditionalCreateError(
-                f"the sink's durable home at {storage.display(HOME)} is on {_store(storage, server)}, which answered a "
-                f"conditional create of a new object, {where}, as if the object existed ({first.seen}). With such "
-                f"answers the sink cannot create the records it owns the sink by ({storage.display(TERMS)}/<T>.json): "
-                "the server gets conditional create (PUT with If-None-Match: *) wrong. Use a server that supports "
-                "it (AWS S3, MinIO, SeaweedFS, or a newer version of this one). Nothing of the sink was written."
-            )
-        second = storage.conditional_put(relpath, record(2))
-    except BaseException:
-        if written:
-            with contextlib.suppress(Exception):  # the error that stopped the probe is the one to report
+    for tries in range(2):
+        relpath = f"{PROBE_DIR}/{uuid.uuid4().hex}.json"
+        where = storage.display(relpath)
+        written = False
+        try:
+            mine = record(1)
+            first = storage.conditional_put(relpath, mine)
+            if first.answer is PutAnswer.REFUSED:
+                return ProbeResult(ConditionalCreate.REFUSED, where, first.seen, server)
+            written = True  # an EXISTS here is a store that claims a new name exists: delete whatever is there
+            if first.answer is PutAnswer.EXISTS and tries == 0 and _holds(storage, relpath, mine):
+                # The object holds this probe's own bytes under a random name: most likely the create went
+                # through, its answer was lost and the client's retry met it. Probe once more on a new name; a
+                # store that answers so every time is refused below.
                 storage.delete(relpath)
-        raise
-    storage.delete(relpath)
-    outcome = {
-        PutAnswer.EXISTS: ConditionalCreate.HONOURED,
-        PutAnswer.CREATED: ConditionalCreate.IGNORED,
-        PutAnswer.REFUSED: ConditionalCreate.REFUSED,
-    }[second.answer]
-    return ProbeResult(outcome, where, second.seen, server)
+                continue
+            if first.answer is PutAnswer.EXISTS:
+                raise ConditionalCreateError(
+                    f"the sink's durable home at {storage.display(HOME)} is on {_store(storage, server)}, which "
+                    f"answered a conditional create of a new object, {where}, as if the object existed ({first.seen}). "
+                    f"With such answers the sink cannot create the records it owns the sink by "
+                    f"({storage.display(TERMS)}/<T>.json): the server gets conditional create (PUT with If-None-Match: "
+                    "*) wrong. Use a server that supports it (AWS S3, MinIO, SeaweedFS, or a newer version of this "
+                    "one). Nothing of the sink was written."
+                )
+            second = storage.conditional_put(relpath, record(2))
+        except BaseException:
+            if written:
+                with contextlib.suppress(Exception):  # the error that stopped the probe is the one to report
+                    storage.delete(relpath)
+            raise
+        storage.delete(relpath)
+        outcome = {
+            PutAnswer.EXISTS: ConditionalCreate.HONOURED,
+            PutAnswer.CREATED: ConditionalCreate.IGNORED,
+            PutAnswer.REFUSED: ConditionalCreate.REFUSED,
+        }[second.answer]
+        return ProbeResult(outcome, where, second.seen, server)
+    raise AssertionError("not reached: the second probe returns or raises")
+
+
+def _holds(storage: Storage, relpath: str, data: bytes) -> bool:
+    """Whether the object at ``relpath`` holds exactly ``data`` (False if it cannot be read)."""
+    try:
+        return storage.read_all(relpath) == data
+    except OSError:
+        return False
 
 
 def _store(storage: Storage, server: str | None) -> str:

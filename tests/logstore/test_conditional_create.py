@@ -166,3 +166,26 @@ def test_a_sink_refused_by_the_probe_leaves_nothing_and_the_runbooks_way_out_wor
     assert list(LogLocation(log, rclone_server.storage_options()).open().list_files()) == []
     sink = ExactlyOnceParquetSink(str(output), state_dir=str(state), log_store=str(tmp_path / "log"))
     sink.close()
+
+
+class _FirstAnswerLost(LocalStorage):
+    """A store that honours the condition, whose first create's answer is lost: the client's retry meets the object
+    the create had just made and answers as if it existed."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.lost = 1
+
+    def conditional_put(self, relpath: str, data: bytes) -> ConditionalPut:
+        answer = super().conditional_put(relpath, data)
+        if self.lost and answer.answer is PutAnswer.CREATED:
+            self.lost -= 1
+            return ConditionalPut(PutAnswer.EXISTS, "HTTP 412 PreconditionFailed")
+        return answer
+
+
+def test_a_lost_answer_to_the_probes_create_is_not_taken_for_a_broken_server(tmp_path):
+    storage = _FirstAnswerLost(tmp_path / "log")
+    probe = probe_conditional_create(storage)
+    assert probe.outcome is ConditionalCreate.HONOURED and storage.lost == 0
+    assert list(storage.list_files()) == []
