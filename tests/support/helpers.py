@@ -153,6 +153,8 @@ def wait_until(
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc is not None and proc.poll() is not None:
+            if predicate():  # the process ended between the check above and this one, and that was awaited
+                return
             _fail(f"the process ended (exit {proc.returncode}) while waiting for {what}", proc, describe)
         if time.monotonic() > deadline:
             _fail(f"timed out after {timeout:g} s waiting for {what}", proc, describe)
