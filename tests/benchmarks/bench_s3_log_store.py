@@ -77,6 +77,8 @@ QUICK_ROWS = 200_000
 WORKLOADS = ("events", "strings")
 PLACES = ("S3", "local")
 """Where the log store is; the output is on S3 in both."""
+UNCACHED = "S3-uncached"
+"""With ``--uncached``, a third run per round: the log store on S3 with the segment cache turned off."""
 GOAL_THROUGHPUT = 0.9
 GOAL_LATENCY = 1.2
 REQUESTS_ENV = "BENCH_S3_LOG_STORE_REQUESTS"
@@ -313,7 +315,7 @@ def run_once(
         storage_options=s3.storage_options(),
         workload=workload,
     )
-    spec["log_store"] = log_url if place == "S3" else None  # None: the default, a directory in the state directory
+    spec["log_store"] = log_url if place.startswith("S3") else None  # None: a directory in the state directory
     spec["spark_conf"] = {"spark.python.daemon.module": MODULE}
     spec_path = job_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -322,6 +324,10 @@ def run_once(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
     env[REQUESTS_ENV] = str(requests_dir)
+    if place == UNCACHED:
+        from logstore.segment_cache import BYTES_VAR
+
+        env[BYTES_VAR] = "0"
     env[WATCH_ENV] = json.dumps([s3.bucket, log_url, output.url])
     log = job_dir / "job.log"
     load_before = os.getloadavg()[0]
@@ -465,7 +471,33 @@ def report_workload(workload: str, runs: list[Run], rounds: int) -> list[str]:
     for place in PLACES:
         lines += requests_table(workload, place, by[place])
     lines += floor_lines(by["S3"])
+    uncached = [r for r in runs if r.place == UNCACHED]
+    if uncached:
+        lines += uncached_lines(workload, runs, rounds)
+        lines += requests_table(workload, "S3, segment cache off", uncached)
     return lines
+
+
+def uncached_lines(workload: str, runs: list[Run], rounds: int) -> list[str]:
+    """The segment cache's effect: the log store on S3 with the cache on and off, each next to the local run of
+    its round."""
+    on_off, off_local, lat_on_off = [], [], []
+    for rnd in range(rounds):
+        by = {r.place: r for r in runs if r.round == rnd}
+        on_off.append(_ratio(by["S3"].rows_per_second, by[UNCACHED].rows_per_second))
+        off_local.append(_ratio(by[UNCACHED].rows_per_second, by["local"].rows_per_second))
+        lat_on_off.append(_ratio(by["S3"].latency, by[UNCACHED].latency))
+    off = [r for r in runs if r.place == UNCACHED]
+    steps = [_roll_steps(r) for r in off]
+    return [
+        f"`{workload}`, the segment cache off (log store on S3): {_median([r.seconds for r in off]):.1f} s, "
+        f"{_median([r.rows_per_second for r in off]):,.0f} rows/s, visible after batch end "
+        f"{_median([r.latency for r in off]):.2f} s, file-writing job {_median([s['write job'] for s in steps]):.2f} s "
+        f"(medians). Throughput cache on / off by round: {', '.join(f'{x:.2f}' for x in on_off)}; median "
+        f"**{_median(on_off):.2f}**. Cache off / local by round: {', '.join(f'{x:.2f}' for x in off_local)}; median "
+        f"**{_median(off_local):.2f}**. Visibility latency cache on / off: median {_median(lat_on_off):.2f}.",
+        "",
+    ]
 
 
 def requests_table(workload: str, place: str, runs: list[Run]) -> list[str]:
@@ -579,6 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="deadline of each run, seconds (default 900)")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory and the runs' S3 objects")
+    parser.add_argument(
+        "--uncached",
+        action="store_true",
+        help="a third run per round: the log store on S3 with the segment cache off",
+    )
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job is not None:
@@ -634,8 +671,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs: list[Run] = []
             for rnd in range(rounds):
-                first = (rnd + w_index) % 2
-                for place in (PLACES[first], PLACES[1 - first]):
+                places = (*PLACES, UNCACHED) if args.uncached else PLACES
+                first = (rnd + w_index) % len(places)
+                for place in places[first:] + places[:first]:
                     runs.append(run_once(args, s3, work, input_dir, workload, place, rnd))
             if not args.keep:
                 shutil.rmtree(input_dir, ignore_errors=True)
