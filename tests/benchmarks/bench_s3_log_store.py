@@ -243,6 +243,10 @@ class Run:
     """By role: seconds (summed) and bytes of the requests."""
     workers: int = 0
     """Python worker processes that made S3 calls."""
+    server_cpu: float = float("nan")
+    """CPU seconds the S3 server spent during the run (user + system)."""
+    job_cpu: float = float("nan")
+    """CPU seconds of the job's process tree: its Python, Spark's JVM and the Python workers (user + system)."""
 
     @property
     def rows_per_second(self) -> float:
@@ -288,6 +292,53 @@ def read_requests(
     return counts, spent
 
 
+SERVER_PID: int | None = None
+"""The S3 server's process, whose CPU time each run reports."""
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state first); None where there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def process_cpu(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (NaN where there is none)."""
+    fields = _stat(pid) if pid is not None else None
+    return float("nan") if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class SessionCpu(threading.Thread):
+    """CPU seconds of the processes of a session (the job, its JVM and Python workers: the JVM is not waited for by
+    the job, so ``RUSAGE_CHILDREN`` would miss it), sampled from ``/proc`` every ``interval`` seconds; a process's
+    last interval before it ends is not seen."""
+
+    def __init__(self, sid: int, interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.sid, self.interval = sid, interval
+        self.seen: dict[int, float] = {}
+        self._done = threading.Event()
+
+    def sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        for entry in os.listdir("/proc"):
+            fields = _stat(entry) if entry.isdigit() else None
+            if fields is not None and int(fields[4]) == self.sid:
+                self.seen[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            self.sample()
+
+    def total(self) -> float:
+        """The CPU seconds seen; stops the sampling."""
+        self._done.set()
+        self.join(timeout=10)
+        return sum(self.seen.values())
+
+
 def _stop(child: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)  # the job, its JVM and its Python workers (a session of their own)
@@ -331,6 +382,7 @@ def run_once(
     env[WATCH_ENV] = json.dumps([s3.bucket, log_url, output.url])
     log = job_dir / "job.log"
     load_before = os.getloadavg()[0]
+    server_before = process_cpu(SERVER_PID)
     with open(log, "wb") as out:
         child = subprocess.Popen(
             [sys.executable, __file__, "--job", str(spec_path)],
@@ -340,9 +392,12 @@ def run_once(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    cpu = SessionCpu(child.pid)
+    cpu.start()
     try:
         with monitor.Poller(output.lister(), sinks.POLL_SECONDS) as poller:
             child.wait(timeout=args.timeout)
+        cpu.sample()  # the JVM and the Python workers that outlive the job's process
     except subprocess.TimeoutExpired:
         _stop(child)
         raise sinks._fail(f"the {name} job (stopped after its {args.timeout:.0f} s deadline)", log) from None
@@ -352,6 +407,7 @@ def run_once(
     if child.returncode != 0:
         raise sinks._fail(f"the {name} job", log)
     load = (load_before, os.getloadavg()[0])
+    server_cpu, job_cpu = process_cpu(SERVER_PID) - server_before, cpu.total()
     result = json.loads(spec_path.with_suffix(".result.json").read_text())
     files = output.parquet_files()
     rows_out = output.rows(list(files))
@@ -379,11 +435,14 @@ def run_once(
         requests=counts,
         request_spent=spent,
         workers=len(list(requests_dir.glob("worker-*.json"))),
+        server_cpu=server_cpu,
+        job_cpu=job_cpu,
     )
     print(
         f"  {workload}, log store {place}, round {round_}: {run.seconds:.1f} s, {run.rows_per_second:,.0f} rows/s, "
         f"visible after batch end {run.latency:.2f} s (median of {len(run.latencies)}), {run.batches} batches, "
-        f"{len(run.files)} files in {len(rolls)} rolls, rows checked {rows_out:,}; "
+        f"{len(run.files)} files in {len(rolls)} rolls, rows checked {rows_out:,}; CPU s: job {job_cpu:.1f}, "
+        f"S3 server {server_cpu:.1f}; "
         f"load {load[0]:.1f} -> {load[1]:.1f}",
         flush=True,
     )
@@ -456,6 +515,8 @@ def report_workload(workload: str, runs: list[Run], rounds: int) -> list[str]:
         row("of which the file-writing job, s (median)", lambda r: _roll_steps(r)["write job"], ".2f"),
         row("S3 requests per roll (driver + workers)", lambda r: r.total() / max(1, len(r.rolls)), ".1f"),
         row("S3 requests of the sink's start-up", lambda r: r.total(start=True), ".0f"),
+        row("CPU s of the job (its Python, Spark's JVM, the Python workers)", lambda r: r.job_cpu, ".1f"),
+        row("CPU s of the S3 server", lambda r: r.server_cpu, ".1f"),
         "| load average, 1 min, before -> after each run | "
         + " | ".join(", ".join(f"{r.load[0]:.1f} -> {r.load[1]:.1f}" for r in by[p]) for p in PLACES)
         + " | |",
@@ -658,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[str] = []
     try:
         s3 = server.start()
+        global SERVER_PID
+        SERVER_PID = server.pid
         print(f"S3: SeaweedFS on {s3.endpoint}", flush=True)
         for w_index, workload in enumerate(workloads):
             input_dir = work / f"input-{workload}"
