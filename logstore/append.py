@@ -31,7 +31,7 @@ VNODE_COLUMN = "__vnode"
 DEFAULT_MAX_BLOCK_BYTES = 4 * 2**20
 _WRITER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-OBJECT_STORE_COMPRESSION = "zstd"
+OBJECT_STORE_COMPRESSION: str | None = "zstd"
 """Block compression of a log store on an object store: its segments are written to the store and read back by
 the file writers (and the size rule's sample), through the network and the store's server. zstd at its default
 level shrinks typical rows several times for a fraction of that cost; a local log store goes through the page

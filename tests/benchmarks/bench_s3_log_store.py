@@ -77,8 +77,14 @@ QUICK_ROWS = 200_000
 WORKLOADS = ("events", "strings")
 PLACES = ("S3", "local")
 """Where the log store is; the output is on S3 in both."""
-UNCACHED = "S3-uncached"
-"""With ``--uncached``, a third run per round: the log store on S3 with the segment cache turned off."""
+COMPRESSION_ENV = "BENCH_LOG_COMPRESSION"
+"""The job sets ``logstore.append.OBJECT_STORE_COMPRESSION`` from it (``none``: uncompressed); benchmark only."""
+VARIANTS = {
+    "uncached": ("the segment cache off", {"FILESINK_SEGMENT_CACHE_BYTES": "0"}),
+    "lz4": ("the log's blocks in lz4 instead of zstd", {COMPRESSION_ENV: "lz4"}),
+    "uncompressed": ("the log's blocks not compressed", {COMPRESSION_ENV: "none"}),
+}
+"""``--variant NAME``: one more run per round, the log store on S3 with these variables set in its job."""
 GOAL_THROUGHPUT = 0.9
 GOAL_LATENCY = 1.2
 REQUESTS_ENV = "BENCH_S3_LOG_STORE_REQUESTS"
@@ -197,6 +203,11 @@ def job(spec_path: Path) -> None:
     import filesink
 
     spec = json.loads(spec_path.read_text())
+    compression = os.environ.get(COMPRESSION_ENV)
+    if compression:
+        import logstore.append
+
+        logstore.append.OBJECT_STORE_COMPRESSION = None if compression == "none" else compression
     counter = counter_from_env("driver")
     home.COUNTER = counter  # bench_home's step timer attributes requests to the steps of this counter
     steps: dict[str, float] = {}
@@ -375,10 +386,8 @@ def run_once(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
     env[REQUESTS_ENV] = str(requests_dir)
-    if place == UNCACHED:
-        from logstore.segment_cache import BYTES_VAR
-
-        env[BYTES_VAR] = "0"
+    if place.startswith("S3-"):
+        env.update(VARIANTS[place.removeprefix("S3-")][1])
     env[WATCH_ENV] = json.dumps([s3.bucket, log_url, output.url])
     log = job_dir / "job.log"
     load_before = os.getloadavg()[0]
@@ -532,31 +541,38 @@ def report_workload(workload: str, runs: list[Run], rounds: int) -> list[str]:
     for place in PLACES:
         lines += requests_table(workload, place, by[place])
     lines += floor_lines(by["S3"])
-    uncached = [r for r in runs if r.place == UNCACHED]
-    if uncached:
-        lines += uncached_lines(workload, runs, rounds)
-        lines += requests_table(workload, "S3, segment cache off", uncached)
+    for variant, (what, _) in VARIANTS.items():
+        place = f"S3-{variant}"
+        if any(r.place == place for r in runs):
+            lines += variant_lines(workload, runs, rounds, place, what)
+            lines += requests_table(workload, f"S3, {what}", [r for r in runs if r.place == place])
     return lines
 
 
-def uncached_lines(workload: str, runs: list[Run], rounds: int) -> list[str]:
-    """The segment cache's effect: the log store on S3 with the cache on and off, each next to the local run of
+def variant_lines(workload: str, runs: list[Run], rounds: int, place: str, what: str) -> list[str]:
+    """A variant's effect: the log store on S3 as it is and as the variant has it, each next to the local run of
     its round."""
-    on_off, off_local, lat_on_off = [], [], []
+    to_variant, variant_local, latency = [], [], []
     for rnd in range(rounds):
         by = {r.place: r for r in runs if r.round == rnd}
-        on_off.append(_ratio(by["S3"].rows_per_second, by[UNCACHED].rows_per_second))
-        off_local.append(_ratio(by[UNCACHED].rows_per_second, by["local"].rows_per_second))
-        lat_on_off.append(_ratio(by["S3"].latency, by[UNCACHED].latency))
-    off = [r for r in runs if r.place == UNCACHED]
-    steps = [_roll_steps(r) for r in off]
+        to_variant.append(_ratio(by["S3"].rows_per_second, by[place].rows_per_second))
+        variant_local.append(_ratio(by[place].rows_per_second, by["local"].rows_per_second))
+        latency.append(_ratio(by["S3"].latency, by[place].latency))
+    mine = [r for r in runs if r.place == place]
+    steps = [_roll_steps(r) for r in mine]
+
+    def med(f: Callable[[Run], float]) -> float:
+        return _median([f(r) for r in mine])
+
     return [
-        f"`{workload}`, the segment cache off (log store on S3): {_median([r.seconds for r in off]):.1f} s, "
-        f"{_median([r.rows_per_second for r in off]):,.0f} rows/s, visible after batch end "
-        f"{_median([r.latency for r in off]):.2f} s, file-writing job {_median([s['write job'] for s in steps]):.2f} s "
-        f"(medians). Throughput cache on / off by round: {', '.join(f'{x:.2f}' for x in on_off)}; median "
-        f"**{_median(on_off):.2f}**. Cache off / local by round: {', '.join(f'{x:.2f}' for x in off_local)}; median "
-        f"**{_median(off_local):.2f}**. Visibility latency cache on / off: median {_median(lat_on_off):.2f}.",
+        f"`{workload}`, log store on S3 with {what}: {med(lambda r: r.seconds):.1f} s, "
+        f"{med(lambda r: r.rows_per_second):,.0f} rows/s, visible after batch end {med(lambda r: r.latency):.2f} s, "
+        f"append step {_median([s['append'] for s in steps]):.2f} s, roll {_median([s['roll'] for s in steps]):.2f} s, "
+        f"file-writing job {_median([s['write job'] for s in steps]):.2f} s, CPU s: job "
+        f"{med(lambda r: r.job_cpu):.1f}, S3 server {med(lambda r: r.server_cpu):.1f} (medians). Throughput as it is "
+        f"/ with {what}, by round: {', '.join(f'{x:.2f}' for x in to_variant)}; median **{_median(to_variant):.2f}**. "
+        f"With {what} / local, by round: {', '.join(f'{x:.2f}' for x in variant_local)}; median "
+        f"**{_median(variant_local):.2f}**. Visibility latency as it is / with {what}: median {_median(latency):.2f}.",
         "",
     ]
 
@@ -673,9 +689,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory and the runs' S3 objects")
     parser.add_argument(
-        "--uncached",
-        action="store_true",
-        help="a third run per round: the log store on S3 with the segment cache off",
+        "--variant",
+        choices=sorted(VARIANTS),
+        action="append",
+        default=[],
+        help="one more run per round, the log store on S3 with "
+        + "; ".join(f"{k}: {w}" for k, (w, _) in VARIANTS.items())
+        + " (repeatable)",
     )
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -734,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs: list[Run] = []
             for rnd in range(rounds):
-                places = (*PLACES, UNCACHED) if args.uncached else PLACES
+                places = (*PLACES, *(f"S3-{v}" for v in args.variant))
                 first = (rnd + w_index) % len(places)
                 for place in places[first:] + places[:first]:
                     runs.append(run_once(args, s3, work, input_dir, workload, place, rnd))
