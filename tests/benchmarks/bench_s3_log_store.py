@@ -336,7 +336,7 @@ class SessionCpu(threading.Thread):
         tick = os.sysconf("SC_CLK_TCK")
         for entry in os.listdir("/proc"):
             fields = _stat(entry) if entry.isdigit() else None
-            if fields is not None and int(fields[4]) == self.sid:
+            if fields is not None and int(fields[3]) == self.sid:
                 self.seen[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
 
     def run(self) -> None:
