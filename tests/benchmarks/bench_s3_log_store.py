@@ -256,8 +256,8 @@ class Run:
     """Python worker processes that made S3 calls."""
     server_cpu: float = float("nan")
     """CPU seconds the S3 server spent during the run (user + system)."""
-    job_cpu: float = float("nan")
-    """CPU seconds of the job's process tree: its Python, Spark's JVM and the Python workers (user + system)."""
+    job_cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of the job's processes from the query's start to its end, by role (:data:`CPU_ROLES`)."""
 
     @property
     def rows_per_second(self) -> float:
@@ -321,33 +321,69 @@ def process_cpu(pid: int | None) -> float:
     return float("nan") if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+CPU_ROLES = ("driver", "JVM", "Python workers")
+"""The job's processes, by what they run: the job's Python (the driver's side of the sink), Spark's JVM, and the
+Python workers (and their daemon) that run the append and file-writing tasks."""
+
+
+def _role(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "driver"
+    if argv and argv[0].endswith(b"java"):
+        return "JVM"
+    return "Python workers" if b"--job" not in argv else "driver"
+
+
 class SessionCpu(threading.Thread):
     """CPU seconds of the processes of a session (the job, its JVM and Python workers: the JVM is not waited for by
-    the job, so ``RUSAGE_CHILDREN`` would miss it), sampled from ``/proc`` every ``interval`` seconds; a process's
-    last interval before it ends is not seen."""
+    the job, so ``RUSAGE_CHILDREN`` would miss it), sampled from ``/proc`` every ``interval`` seconds, by role
+    (:data:`CPU_ROLES`); a process's last interval before it ends is not seen."""
 
     def __init__(self, sid: int, interval: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.sid, self.interval = sid, interval
-        self.seen: dict[int, float] = {}
+        self.samples: list[tuple[float, dict[int, float]]] = []
+        self.roles: dict[int, str] = {}
         self._done = threading.Event()
 
     def sample(self) -> None:
         tick = os.sysconf("SC_CLK_TCK")
+        now, seen = time.time(), {}
         for entry in os.listdir("/proc"):
             fields = _stat(entry) if entry.isdigit() else None
             if fields is not None and int(fields[3]) == self.sid:
-                self.seen[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+                pid = int(entry)
+                seen[pid] = (int(fields[11]) + int(fields[12])) / tick
+                self.roles[pid] = _role(pid)  # again each time: the JVM starts as spark-submit's shell
+        self.samples.append((now, seen))
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
             self.sample()
 
-    def total(self) -> float:
-        """The CPU seconds seen; stops the sampling."""
+    def stop(self) -> None:
         self._done.set()
         self.join(timeout=10)
-        return sum(self.seen.values())
+
+    def _at(self, when: float) -> dict[int, float]:
+        """Each process's CPU seconds at the last sample at or before ``when`` (a process that ended before: its last
+        sample's)."""
+        at: dict[int, float] = {}
+        for t, seen in self.samples:
+            if t > when:
+                break
+            at.update(seen)
+        return at
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds by role from ``start`` to ``end`` (seconds since the epoch)."""
+        before, after = self._at(start), self._at(end)
+        spent = dict.fromkeys(CPU_ROLES, 0.0)
+        for pid, cpu in after.items():
+            spent[self.roles.get(pid, "driver")] += cpu - before.get(pid, 0.0)
+        return spent
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
@@ -416,8 +452,10 @@ def run_once(
     if child.returncode != 0:
         raise sinks._fail(f"the {name} job", log)
     load = (load_before, os.getloadavg()[0])
-    server_cpu, job_cpu = process_cpu(SERVER_PID) - server_before, cpu.total()
+    cpu.stop()
     result = json.loads(spec_path.with_suffix(".result.json").read_text())
+    server_cpu = process_cpu(SERVER_PID) - server_before
+    job_cpu = cpu.between(result["t_start"], result["t_end"])
     files = output.parquet_files()
     rows_out = output.rows(list(files))
     if rows_out != args.rows:
@@ -450,7 +488,8 @@ def run_once(
     print(
         f"  {workload}, log store {place}, round {round_}: {run.seconds:.1f} s, {run.rows_per_second:,.0f} rows/s, "
         f"visible after batch end {run.latency:.2f} s (median of {len(run.latencies)}), {run.batches} batches, "
-        f"{len(run.files)} files in {len(rolls)} rolls, rows checked {rows_out:,}; CPU s: job {job_cpu:.1f}, "
+        f"{len(run.files)} files in {len(rolls)} rolls, rows checked {rows_out:,}; CPU s in the run: job "
+        f"{sum(job_cpu.values()):.1f} ({', '.join(f'{k} {v:.1f}' for k, v in job_cpu.items())}), "
         f"S3 server {server_cpu:.1f}; "
         f"load {load[0]:.1f} -> {load[1]:.1f}",
         flush=True,
@@ -489,6 +528,10 @@ def _roll_steps(run: Run) -> dict[str, float]:
     }
 
 
+def _cpu_of(role: str) -> Callable[[Run], float]:
+    return lambda r: r.job_cpu.get(role, 0.0)
+
+
 def report_workload(workload: str, runs: list[Run], rounds: int) -> list[str]:
     by = {place: [r for r in runs if r.place == place] for place in PLACES}
     ratios_tp = []
@@ -524,8 +567,9 @@ def report_workload(workload: str, runs: list[Run], rounds: int) -> list[str]:
         row("of which the file-writing job, s (median)", lambda r: _roll_steps(r)["write job"], ".2f"),
         row("S3 requests per roll (driver + workers)", lambda r: r.total() / max(1, len(r.rolls)), ".1f"),
         row("S3 requests of the sink's start-up", lambda r: r.total(start=True), ".0f"),
-        row("CPU s of the job (its Python, Spark's JVM, the Python workers)", lambda r: r.job_cpu, ".1f"),
-        row("CPU s of the S3 server", lambda r: r.server_cpu, ".1f"),
+        row("CPU s of the job's processes in the run, all", lambda r: sum(r.job_cpu.values()), ".1f"),
+        *(row(f"... of which {role}", _cpu_of(role), ".1f") for role in CPU_ROLES),
+        row("CPU s of the S3 server (start-up of the job included)", lambda r: r.server_cpu, ".1f"),
         "| load average, 1 min, before -> after each run | "
         + " | ".join(", ".join(f"{r.load[0]:.1f} -> {r.load[1]:.1f}" for r in by[p]) for p in PLACES)
         + " | |",
@@ -569,8 +613,9 @@ def variant_lines(workload: str, runs: list[Run], rounds: int, place: str, what:
         f"{med(lambda r: r.rows_per_second):,.0f} rows/s, visible after batch end {med(lambda r: r.latency):.2f} s, "
         f"append step {_median([s['append'] for s in steps]):.2f} s, roll {_median([s['roll'] for s in steps]):.2f} s, "
         f"file-writing job {_median([s['write job'] for s in steps]):.2f} s, CPU s: job "
-        f"{med(lambda r: r.job_cpu):.1f}, S3 server {med(lambda r: r.server_cpu):.1f} (medians). Throughput as it is "
-        f"/ with {what}, by round: {', '.join(f'{x:.2f}' for x in to_variant)}; median **{_median(to_variant):.2f}**. "
+        f"{med(lambda r: sum(r.job_cpu.values())):.1f}, S3 server {med(lambda r: r.server_cpu):.1f} (medians). "
+        f"Throughput as it is / with {what}, by round: {', '.join(f'{x:.2f}' for x in to_variant)}; median "
+        f"**{_median(to_variant):.2f}**. "
         f"With {what} / local, by round: {', '.join(f'{x:.2f}' for x in variant_local)}; median "
         f"**{_median(variant_local):.2f}**. Visibility latency as it is / with {what}: median {_median(latency):.2f}.",
         "",
