@@ -49,7 +49,7 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -138,6 +138,10 @@ rewrites what it merges, so its cost is bounded (about 1,000 files' entries once
 one per 1,000 files (every commit reads it and writes it again: about 0.2 ms a manifest)."""
 NAME_MAPPING = "schema.name-mapping.default"
 _NO_RETRIES = {"commit.retry.num-retries": "0"}
+STALE_UPLOAD_SECONDS = 3600.0
+"""A multipart upload under a table's ``metadata/`` on S3 older than this is a leftover and is aborted by
+:meth:`IcebergDestination.maintain` (pyiceberg's file IO can leave one when a request of its upload fails; an
+incomplete upload is kept, and billed, until someone aborts it). A metadata file's upload takes seconds."""
 
 
 def marks_property(sink_id: str) -> str:
@@ -336,6 +340,7 @@ class IcebergDestination(Destination):
         self.location = table_location(self.output.url)
         self._catalog: Catalog | None = None
         self._table: Table | None = None
+        self._uploads_swept = False
 
     @property
     def name(self) -> str:
@@ -782,7 +787,11 @@ class IcebergDestination(Destination):
         most that many at once). A roll's direct commit expires them itself (:meth:`_append`); this is for the
         history other commits leave (the table's creation, a manifest merge, another format version, a longer
         history from elsewhere). A failure is logged, not raised: the next call tries again, and a longer history
-        only costs time."""
+        only costs time. The first call of a run also aborts leftover uploads of metadata files
+        (:data:`STALE_UPLOAD_SECONDS`)."""
+        if not self._uploads_swept:
+            self._uploads_swept = True
+            self.abort_stale_metadata_uploads()
         try:
             table = self._table if self._table is not None else self._load()
             if table is None:
@@ -807,6 +816,34 @@ class IcebergDestination(Destination):
                 type(e).__name__,
                 e,
             )
+
+    def abort_stale_metadata_uploads(self) -> int:
+        """Abort the multipart uploads under the table's ``metadata/`` on S3 initiated more than
+        :data:`STALE_UPLOAD_SECONDS` ago; how many. Logged, never raised: a leftover upload costs storage, not
+        correctness. Nothing on a local table."""
+        if self.output.is_local:
+            return 0
+        from ..output.location import filesystem, upload_prefix
+        from ..output.multipart import abort_upload, list_uploads
+
+        aborted = 0
+        try:
+            fs, root = filesystem(self.output)
+            bucket, prefix = upload_prefix(fs, root)
+            before = datetime.now(UTC) - timedelta(seconds=STALE_UPLOAD_SECONDS)
+            for key, upload_id in list_uploads(fs, bucket, prefix + "metadata/", initiated_before=before):
+                aborted += abort_upload(fs, bucket, key, upload_id)
+        except Exception as e:
+            log.warning(
+                "%s: could not abort leftover multipart uploads under metadata/ (%s: %s); the next run tries again, "
+                "and a bucket lifecycle rule AbortIncompleteMultipartUpload removes them too",
+                self.name,
+                type(e).__name__,
+                e,
+            )
+        if aborted:
+            log.info("%s: aborted %d leftover multipart uploads of metadata files", self.name, aborted)
+        return aborted
 
     def status(self) -> dict[str, Any]:
         out = super().status()

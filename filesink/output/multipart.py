@@ -9,6 +9,7 @@ exists) and botocore's retry configuration.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -220,8 +221,11 @@ def abort_upload(fs: Any, bucket: str, key: str, upload_id: str) -> bool:
     return True
 
 
-def list_uploads(fs: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
-    """Every multipart upload in progress under ``prefix``, as (key, upload id)."""
+def list_uploads(
+    fs: Any, bucket: str, prefix: str, *, initiated_before: datetime.datetime | None = None
+) -> list[tuple[str, str]]:
+    """Every multipart upload in progress under ``prefix``, as (key, upload id); with ``initiated_before`` (aware),
+    only those the server says were initiated before it."""
     found: list[tuple[str, str]] = []
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
     where = f"s3://{bucket}/{prefix}"
@@ -249,7 +253,11 @@ def list_uploads(fs: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
                     "the server matrix in docs/testing.md)."
                 ) from e
             raise storage_error(f"cannot list the multipart uploads under {where}", e) from e
-        found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads") or []]
+        found += [
+            (u["Key"], u["UploadId"])
+            for u in page.get("Uploads") or []
+            if initiated_before is None or (u.get("Initiated") is not None and u["Initiated"] < initiated_before)
+        ]
         if not page.get("IsTruncated"):
             return found
         kwargs["KeyMarker"] = page.get("NextKeyMarker", "")

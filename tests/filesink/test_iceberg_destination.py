@@ -584,3 +584,32 @@ def test_maintain_shortens_a_longer_history_a_batch_at_a_time(tmp_path: Path) ->
     assert count() == 3  # the commit removes what is beyond the newest 3 (itself included)
     assert destination(str(out)).held([*files, more]) == {f.name for f in [*files, more]}
     assert multiset(scanned(d), COLUMNS) == multiset(w.expected, COLUMNS)
+
+
+def test_leftover_uploads_of_metadata_files_are_aborted_once_stale(
+    tmp_path: Path, s3_server: Any, s3_prefix: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyiceberg's file IO can leave a multipart upload under metadata/ when one of its requests fails. The first
+    maintain() of a run aborts those older than STALE_UPLOAD_SECONDS, and no other upload."""
+    from filesink.destination import iceberg
+    from filesink.output.multipart import list_uploads
+
+    output = s3_prefix + "/table"
+    bucket, _, prefix = output.removeprefix("s3://").partition("/")
+    fs = s3_server.filesystem()
+    for key in ("metadata/00007-left.metadata.json", "data/a-file.parquet", "metadata-not/x.json"):
+        fs.call_s3("create_multipart_upload", Bucket=bucket, Key=f"{prefix}/{key}")
+
+    def uploads() -> list[str]:
+        return sorted(k.removeprefix(prefix + "/") for k, _ in list_uploads(fs, bucket, prefix + "/"))
+
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}"}
+    d = destination(output, catalog=catalog, storage_options=s3_options)
+    assert d.abort_stale_metadata_uploads() == 0, "an upload of a moment ago may be a writer's, in progress"
+    assert len(uploads()) == 3
+    monkeypatch.setattr(iceberg, "STALE_UPLOAD_SECONDS", -60.0)  # every upload counts as old
+    d.maintain()
+    assert uploads() == ["data/a-file.parquet", "metadata-not/x.json"]
+    fs.call_s3("create_multipart_upload", Bucket=bucket, Key=f"{prefix}/metadata/00008-left.metadata.json")
+    d.maintain()
+    assert "metadata/00008-left.metadata.json" in uploads(), "only the first maintain() of a run sweeps"
