@@ -33,6 +33,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -384,11 +385,55 @@ class DeltaDestination(Destination):
                 commit_properties=CommitProperties(custom_metadata={"filesink.sink_id": self.sink_id}),
             )
         except Exception as e:
-            raise TableCommitFailedError(
-                f"cannot create the {self.name}: {e}. Nothing was committed; the files stay pending and the next "
-                "start commits them. Check the table path and its storage's permissions."
-            ) from e
+            raise self._cannot_create(e) from e
         return self._table
+
+    def _cannot_create(self, error: Exception) -> TableCommitFailedError:
+        return TableCommitFailedError(
+            f"cannot create the {self.name}: {error}. Nothing was committed; the files stay pending and the next "
+            "start commits them. Check the table path and its storage's permissions."
+        )
+
+    def _create_entry(self, schema: pa.Schema) -> bool:
+        """Create the table: write its version 0 (``protocol``, ``metaData``, as delta-rs writes a new table's) only
+        if absent, with the sink's own conditional create. True when version 0 exists now, written by this call or
+        by another writer (:meth:`check` then compares its columns); False where delta-rs creates it instead (a
+        schema that needs a table feature, a store without conditional create). delta-rs's own create takes a lost
+        answer to its write for a conflict and writes the creation again at the next version; this does not."""
+        schema_string = DeltaSchema.from_arrow(delta_arrow_schema(schema)).to_json()
+        if '"timestamp_ntz"' in schema_string:  # needs the timestampNtz reader and writer feature: delta-rs knows it
+            return False
+        now = int(time.time() * 1000)
+        protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+        metadata = {
+            "id": str(uuid.uuid4()),
+            "name": None,
+            "description": None,
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": schema_string,
+            "partitionColumns": list(self.partition_by),
+            "createdTime": now,
+            "configuration": dict(CONFIGURATION),
+        }
+        info = {
+            "timestamp": now,
+            "operation": "CREATE TABLE",
+            "operationParameters": {
+                "mode": "ErrorIfExists",
+                "location": self.uri,
+                "metadata": json.dumps(metadata, separators=(",", ":")),
+                "protocol": json.dumps(protocol, separators=(",", ":")),
+            },
+            "engineInfo": ENGINE,
+            "filesink.sink_id": self.sink_id,
+        }
+        actions = [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}]
+        body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+        try:
+            answer = self._log.put(0, body)
+        except Exception as e:
+            raise self._cannot_create(e) from e
+        return answer is not PutAnswer.REFUSED
 
     def _partition_values(self, obj: WrittenObject, schema: pa.Schema) -> dict[str, str | None]:
         texts = partition_texts(obj.key, self.partition_by)
@@ -427,7 +472,8 @@ class DeltaDestination(Destination):
         if self.delta_rs is None:
             state = self._light("read the table before a commit")
             if state is None and self.delta_rs is None:
-                self._create(schema)
+                if not self._create_entry(schema):
+                    self._create(schema)
                 state = self._light("read the table after creating it")
         if self.delta_rs is not None or state is None:
             self._commit_with_delta_rs(files, written, schema)

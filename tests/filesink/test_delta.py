@@ -316,3 +316,49 @@ def test_a_lost_state_directory_and_a_rescale_finish_the_table_exactly_once(tmp_
     rebuilt.flush()
     rebuilt.close()
     assert _read(tmp_path, table_format) == expected
+
+
+def _creations(path: str, options: dict | None = None) -> list[dict]:
+    from filesink.destination.delta import storage_options
+
+    history = deltalake.DeltaTable(path, storage_options=storage_options(options or {}) or None).history()
+    return [h for h in history if h.get("operation") == "CREATE TABLE"]
+
+
+def test_the_sink_writes_the_tables_creation_itself(tmp_path):
+    """Version 0 is the sink's own conditional create, as delta-rs writes a new table's: readers take it."""
+    sink = _open(tmp_path, partition_by=["event_date"])
+    expected = _epochs(sink, range(2))
+    sink.flush()
+    sink.close()
+    out = str(tmp_path / "table")
+    [created] = _creations(out)
+    assert created["version"] == 0 and created["engineInfo"] == "exactly-once-parquet-sink", created
+    assert created["filesink.sink_id"] == sink._store.sink_id
+    table = deltalake.DeltaTable(out)
+    assert table.metadata().partition_columns == ["event_date"]
+    assert table.metadata().configuration["delta.checkpointInterval"] == "100"
+    assert table_rows(out) == expected
+    import polars as pl
+
+    assert Counter(pl.read_delta(out).select(COLUMNS).iter_rows()) == expected
+
+
+def test_a_lost_answer_to_the_tables_creation_creates_it_once(
+    tmp_path, s3_prefix, s3_options, proxy_options, fault_proxy
+):
+    """The client's retry of the creation's PUT meets the version 0 its first request wrote: the sink reads it and
+    commits at version 1 (delta-rs's own create wrote the creation again at version 1 there)."""
+    out = s3_prefix + "/table"
+    sink = _open(tmp_path, out, storage_options=proxy_options)
+    expected = _epochs(sink, range(2))
+    fault_proxy.inject("lost_response", "PutObject")  # the next PUT: version 0, the roll's first
+    sink.flush()
+    sink.close()
+    assert fault_proxy.faults == {("lost_response", "PutObject"): 1}
+    [created] = _creations(out, s3_options)  # read from the server itself, not through the proxy
+    assert created["version"] == 0
+    assert table_rows(out, s3_options) == expected
+    from filesink.destination.delta import storage_options
+
+    assert deltalake.DeltaTable(out, storage_options=storage_options(s3_options)).version() == 1
