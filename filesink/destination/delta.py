@@ -427,8 +427,7 @@ class DeltaDestination(Destination):
             "engineInfo": ENGINE,
             "filesink.sink_id": self.sink_id,
         }
-        actions = [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}]
-        body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+        body = _json_lines([{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}])
         try:
             answer = self._log.put(0, body)
         except Exception as e:
@@ -541,8 +540,7 @@ class DeltaDestination(Destination):
             "engineInfo": ENGINE,
             **metadata,
         }
-        lines = [{"commitInfo": info}, *actions]
-        return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in lines).encode()
+        return _json_lines([{"commitInfo": info}, *actions])
 
     def _commit_entry(
         self,
@@ -802,6 +800,11 @@ class DeltaDestination(Destination):
         if self.delta_rs is not None:
             out["committed through"] = f"delta-rs ({self.delta_rs})"
         return out
+
+
+def _json_lines(actions: Sequence[Mapping[str, Any]]) -> bytes:
+    """A log entry's bytes: one compact JSON action a line."""
+    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
 
 
 def _without_metadata(schema: Any) -> Any:
