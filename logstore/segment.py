@@ -9,11 +9,16 @@ Layout (all integers little-endian)::
     footer length (u32) | footer CRC-32 (u32) | MAGIC
 
 A block holds rows of exactly one vnode, at most ``max_block_bytes`` of them in memory (one block is the unit
-of reading, so it bounds the reader's memory). A block's body may be compressed (Arrow IPC body compression,
-which the message itself records): the log store compresses blocks on object stores, where every byte crosses
-the network twice (:data:`logstore.append.OBJECT_STORE_COMPRESSION`). Every block and the schema carry a CRC-32
-of their bytes as stored; the descriptor is also recorded in the state database when the epoch is sealed, so a
-reader never trusts the file alone.
+of reading, so it bounds the reader's memory). A block may be compressed: the log store compresses blocks on
+object stores, where every byte crosses the network twice (:data:`logstore.append.OBJECT_STORE_COMPRESSION`).
+A compressed block is the whole message compressed at once, behind a 12-byte header (a 4-byte tag naming the
+codec, ``ZSTD`` or ``LZ4F``, and the message's length, u64): one codec call per block. Format 1 segments (and
+the ``ipc:`` settings of :func:`serialize_block`) compress each of a message's buffers on its own instead,
+which Arrow IPC records in the message; a block of 256 in a segment has dozens of small buffers, and those calls
+cost 2 to 4 times as much CPU to write and to read. A reader tells the kinds apart by a block's first bytes (an
+IPC message starts with ``0xFFFFFFFF``), so a segment may hold any of them. Every block and the schema carry a
+CRC-32 of their bytes as stored; the descriptor is also recorded in the state database when the epoch is sealed,
+so a reader never trusts the file alone.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ import pyarrow as pa
 from .errors import SegmentCorruptError
 
 MAGIC = b"FSLSEG01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written in a segment's footer. 2: blocks may be compressed whole (see the module's docstring); a reader of
+format 1 only would not decode them, and refuses the file by this number. Both are read."""
+READ_FORMATS = (1, 2)
 SUFFIX = ".seg"
 _TRAILER = struct.Struct("<II")
 TRAILER_SIZE = _TRAILER.size + len(MAGIC)
@@ -201,18 +209,38 @@ class SegmentEncoder:
         return self._descriptor
 
 
+_PACKED = struct.Struct("<4sQ")
+"""The header of a block compressed whole: the codec's tag, then the length of the message it holds."""
+_TAGS = {"zstd": b"ZSTD", "lz4": b"LZ4F"}
+_CODEC_OF_TAG = {tag: codec for codec, tag in _TAGS.items()}
+IPC_PREFIX = "ipc:"
+"""``ipc:zstd``, ``ipc:lz4``: Arrow IPC body compression, buffer by buffer, as format 1 segments have it."""
+
+
 def serialize_block(rows: pa.RecordBatch, compression: str | None) -> Any:
-    """``rows`` as one Arrow IPC record batch message, its body buffers compressed with ``compression``
-    (``"zstd"``, ``"lz4"``) or not (None). A compressed message says so in its own metadata, so
-    :func:`decode_block` reads either kind, and a segment may hold both."""
+    """``rows`` as one Arrow IPC record batch message: as is (None), compressed whole with ``compression``
+    (``"zstd"``, ``"lz4"``) behind a header that names the codec, or with its body buffers compressed one by one
+    (``"ipc:zstd"``, ``"ipc:lz4"``, as format 1 wrote them). :func:`decode_block` reads every kind, and a segment
+    may hold several."""
     if compression is None:
         return rows.serialize()
-    stream = pa.BufferOutputStream()
-    with pa.ipc.new_stream(stream, rows.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
-        writer.write_batch(rows)
-    messages = pa.ipc.MessageReader.open_stream(stream.getvalue())
-    messages.read_next_message()  # the schema: a segment holds it once, after its blocks
-    return messages.read_next_message().serialize()
+    if compression.startswith(IPC_PREFIX):
+        options = pa.ipc.IpcWriteOptions(compression=compression.removeprefix(IPC_PREFIX))
+        stream = pa.BufferOutputStream()
+        with pa.ipc.new_stream(stream, rows.schema, options=options) as writer:
+            writer.write_batch(rows)
+        messages = pa.ipc.MessageReader.open_stream(stream.getvalue())
+        messages.read_next_message()  # the schema: a segment holds it once, after its blocks
+        return messages.read_next_message().serialize()
+    tag = _TAGS.get(compression)
+    if tag is None:
+        raise ValueError(f"unknown block compression {compression!r}: use zstd, lz4, ipc:zstd, ipc:lz4 or None")
+    message = rows.serialize()
+    packed = pa.compress(message, compression, asbytes=False)
+    out = bytearray(_PACKED.size + packed.size)
+    _PACKED.pack_into(out, 0, tag, message.size)
+    out[_PACKED.size :] = packed
+    return pa.py_buffer(out)
 
 
 def encode(
@@ -258,7 +286,16 @@ def decode_schema(data: bytes) -> pa.Schema:
 
 
 def decode_block(data: bytes, schema: pa.Schema) -> pa.RecordBatch:
-    return pa.ipc.read_record_batch(pa.py_buffer(data), schema)
+    """The rows of a block's bytes, of any kind :func:`serialize_block` writes. Raises ``pa.ArrowInvalid`` or
+    ``OSError`` for bytes that are not a block."""
+    codec = _CODEC_OF_TAG.get(bytes(data[:4]))
+    if codec is None:
+        return pa.ipc.read_record_batch(pa.py_buffer(data), schema)
+    if len(data) < _PACKED.size:
+        raise pa.ArrowInvalid(f"a compressed block of {len(data)} bytes is shorter than its header")
+    _, length = _PACKED.unpack_from(data)
+    message = pa.decompress(memoryview(data)[_PACKED.size :], length, codec, asbytes=False)
+    return pa.ipc.read_record_batch(message, schema)
 
 
 def parse_file(data: bytes, *, where: str) -> SegmentDescriptor:
@@ -275,8 +312,8 @@ def parse_file(data: bytes, *, where: str) -> SegmentDescriptor:
     if footer_len > footer_end or zlib.crc32(footer) != footer_crc:
         raise corrupt("footer checksum mismatch")
     meta = json.loads(footer)
-    if meta.get("format") != FORMAT_VERSION:
-        raise corrupt(f"unknown segment format {meta.get('format')!r}")
+    if meta.get("format") not in READ_FORMATS:
+        raise corrupt(f"unknown segment format {meta.get('format')!r} (this version reads {READ_FORMATS})")
     schema = Block.from_json(meta["schema"])
     runs = tuple(VnodeRun(vnode, tuple(Block.from_json(b) for b in blocks)) for vnode, blocks in meta["vnodes"])
     for block in [schema, *(b for r in runs for b in r.blocks)]:

@@ -22,9 +22,15 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
 from .failpoints import failpoint
+from .segment import SUFFIX as SEGMENT_SUFFIX
 from .segment_cache import CachedReads, open_cache
 
 log = logging.getLogger(__name__)
+
+SEGMENT_CONTENT_TYPE = "application/vnd.filesink.segment"
+"""The ``Content-Type`` of a segment on S3. Without one, some servers guess from the bytes, and SeaweedFS gzips what
+looks compressible as it stores it (CPU on the server for bytes that are already compressed, or that the file
+writers will read back at once)."""
 
 TEMP_MARK = ".tmp-"
 """Local temp files are named ``.<final name>.tmp-<random>`` next to their final name."""
@@ -566,7 +572,9 @@ class FsspecStorage:
         data = b"".join(parts)
         # One PUT: s3fs switches to a multipart upload above ``chunksize``; keep it out of reach (5 GiB is
         # the single-PUT limit of S3).
-        kwargs = {"chunksize": 5 * 2**30} if self._is_s3 else {}
+        kwargs: dict[str, Any] = {"chunksize": 5 * 2**30} if self._is_s3 else {}
+        if self._is_s3 and relpath.endswith(SEGMENT_SUFFIX):
+            kwargs["ContentType"] = SEGMENT_CONTENT_TYPE
         if self.cache is not None:
             self.cache.drop(relpath)  # a name written again (damage tests do): its old copy must not outlive it
         with self._naming("write", relpath):

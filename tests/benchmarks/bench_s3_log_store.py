@@ -83,6 +83,7 @@ VARIANTS = {
     "uncached": ("the segment cache off", {"FILESINK_SEGMENT_CACHE_BYTES": "0"}),
     "lz4": ("the log's blocks in lz4 instead of zstd", {COMPRESSION_ENV: "lz4"}),
     "uncompressed": ("the log's blocks not compressed", {COMPRESSION_ENV: "none"}),
+    "ipc-zstd": ("the log's blocks compressed buffer by buffer (format 1)", {COMPRESSION_ENV: "ipc:zstd"}),
 }
 """``--variant NAME``: one more run per round, the log store on S3 with these variables set in its job."""
 GOAL_THROUGHPUT = 0.9

@@ -175,7 +175,7 @@ def test_a_roll_reads_at_most_one_get_per_segment_and_writer(shared, proxy, tmp_
 @pytest.mark.parametrize(
     "limits",
     [
-        ReadLimits(max_read_bytes=4096),  # several reads per segment
+        ReadLimits(max_read_bytes=2048),  # several reads per segment
         ReadLimits(buffer_bytes=8192),  # too little to hold a read per segment: smaller reads, reading ahead little
         ReadLimits(concurrency=1, merge_gap_bytes=0),
     ],
