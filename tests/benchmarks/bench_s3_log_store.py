@@ -6,6 +6,7 @@ Not a test (pytest does not collect it). Run from the repository root::
     python tests/benchmarks/bench_s3_log_store.py                       # 2,500,000 rows, 2 rounds, both workloads
     python tests/benchmarks/bench_s3_log_store.py --quick               # a smoke run: 200,000 rows, 1 round
     python tests/benchmarks/bench_s3_log_store.py --workload strings --rounds 4
+    python tests/benchmarks/bench_s3_log_store.py --plot docs/benchmarks-s3-log-store.png
 
 It starts one SeaweedFS server on 127.0.0.1 (``filesink.demo.s3server.SeaweedServer``), generates each
 workload's input once (``bench_sinks_data``, ``events`` and ``strings``), and streams it, in a job process of its
@@ -722,6 +723,36 @@ def floor_lines(runs: list[Run]) -> list[str]:
 # -- main ------------------------------------------------------------------------------------------------
 
 
+def plot(path: Path, runs: list[Run]) -> None:
+    """Rows per second of every run, and S3 requests per roll, by workload: the log store on S3 (and each
+    variant) next to the local one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.workload for r in runs))
+    places = list(dict.fromkeys(r.place for r in runs))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(places)
+    for i, place in enumerate(places):
+        xs = [w + (i - (len(places) - 1) / 2) * width for w in range(len(workloads))]
+        mine = [[r for r in runs if r.workload == w and r.place == place] for w in workloads]
+        left.bar(xs, [statistics.median(r.rows_per_second for r in m) / 1e3 for m in mine], width, label=place)
+        for x, m in zip(xs, mine, strict=True):
+            left.plot([x] * len(m), [r.rows_per_second / 1e3 for r in m], "k.", markersize=4)
+        per_roll = [statistics.median(r.total() / max(1, len(r.rolls)) for r in m) for m in mine]
+        right.bar(xs, per_roll, width, label=place)
+    for ax, title in ((left, "thousand rows/s (bar: median; dots: rounds)"), (right, "S3 requests per roll (median)")):
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_title(title)
+        ax.legend(title="log store", fontsize=8)
+    fig.suptitle("The log store on S3 next to the local one (output on S3 in both)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The log store on S3 next to the local log store, output on S3.")
     parser.add_argument("--rows", type=int, default=None, help=f"input rows (default {FULL_ROWS:,})")
@@ -734,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="deadline of each run, seconds (default 900)")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory and the runs' S3 objects")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot of throughput and requests per roll")
     parser.add_argument(
         "--variant",
         choices=sorted(VARIANTS),
@@ -783,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = SeaweedServer(work / "seaweedfs", bucket="bench-s3-log")
     lines: list[str] = []
+    all_runs: list[Run] = []
     try:
         s3 = server.start()
         global SERVER_PID
@@ -798,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rollover['target_file_size'] / sinks.MiB:g} MiB, max_age_seconds={rollover['max_age_seconds']:g})",
                 flush=True,
             )
-            runs: list[Run] = []
+            runs = []
             for rnd in range(rounds):
                 places = (*PLACES, *(f"S3-{v}" for v in args.variant))
                 first = (rnd + w_index) % len(places)
@@ -807,6 +840,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.keep:
                 shutil.rmtree(input_dir, ignore_errors=True)
             lines += report_workload(workload, runs, rounds)
+            all_runs += runs
     finally:
         server.stop()
         if args.keep:
@@ -816,6 +850,9 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()
     print()
     print("\n".join(lines))
+    if args.plot is not None:
+        plot(args.plot, all_runs)
+        print(f"\nwrote {args.plot}")
     print(
         f"{os.cpu_count()} CPU(s); load average (1/5/15 min) at the start {'/'.join(f'{x:.2f}' for x in load_start)}, "
         f"at the end {'/'.join(f'{x:.2f}' for x in load_end)}; {(time.monotonic() - started) / 60:.1f} minutes."
