@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -50,18 +51,27 @@ run once more: every scenario is safe to repeat (the sink is exactly-once across
 assertions check)."""
 
 
-def _client(args: list[str], what: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _client(
+    args: list[str], what: str, env: dict[str, str] | None = None, work: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a client; once more if Spark's Python worker did not start in time. With ``work``, what the first attempt
+    created there (its state, checkpoint, output) is removed before the second, which so starts as the first did."""
+    before = {p.name for p in work.iterdir()} if work is not None else set()
     for attempt in (1, 2):
         proc = run(args, CLIENT_TIMEOUT, what, capture_output=True, text=True, env=env or connect_client_env())
         if proc.returncode == 0 or SPARK_WORKER_START not in proc.stdout + proc.stderr or attempt == 2:
             return proc
         print(f"{what}: Spark's Python worker did not start within Spark's 10 s; running the client again")
+        for made in [p for p in work.iterdir() if p.name not in before] if work is not None else []:
+            shutil.rmtree(made) if made.is_dir() else made.unlink()
     raise AssertionError("unreachable")
 
 
 def _scenario(name: str, url: str, work: Path) -> dict[str, Any]:
     proc = _client(
-        [sys.executable, str(SUPPORT / "connect_api_job.py"), name, url, str(work)], f"the Connect client's {name}"
+        [sys.executable, str(SUPPORT / "connect_api_job.py"), name, url, str(work)],
+        f"the Connect client's {name}",
+        work=work,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
