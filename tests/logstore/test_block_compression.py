@@ -87,14 +87,19 @@ def test_a_compressed_block_that_does_not_decompress_is_an_error_not_rows():
         decode_block(b"ZSTD\x01", batch.schema)  # shorter than the header
 
 
+def _footer(data: bytes) -> tuple[int, dict[str, object]]:
+    """Where a segment file's footer starts, and its JSON."""
+    footer_len, _ = struct.unpack_from("<II", data, len(data) - TRAILER_SIZE)
+    start = len(data) - TRAILER_SIZE - footer_len
+    return start, json.loads(data[start : len(data) - TRAILER_SIZE])
+
+
 def _with_format(data: bytes, version: object) -> bytes:
     """A segment file's bytes with its footer's format number changed (and its checksum made to match)."""
-    footer_len, _ = struct.unpack_from("<II", data, len(data) - TRAILER_SIZE)
-    footer_end = len(data) - TRAILER_SIZE
-    meta = json.loads(data[footer_end - footer_len : footer_end])
+    start, meta = _footer(data)
     meta["format"] = version
     footer = json.dumps(meta, separators=(",", ":")).encode()
-    return data[: footer_end - footer_len] + footer + struct.pack("<II", len(footer), zlib.crc32(footer)) + MAGIC
+    return data[:start] + footer + struct.pack("<II", len(footer), zlib.crc32(footer)) + MAGIC
 
 
 def test_segments_of_format_1_are_read_and_an_unknown_format_is_refused():
@@ -107,12 +112,7 @@ def test_segments_of_format_1_are_read_and_an_unknown_format_is_refused():
     assert decode_block(old[block.offset : block.offset + block.length], batch.schema).equals(batch)
     new_parts, _ = encode(batch, [(0, 0, 300)], compression="zstd", **kwargs)
     new = b"".join(bytes(p) for p in new_parts)
-    assert (
-        json.loads(new[-TRAILER_SIZE - struct.unpack_from("<I", new, len(new) - TRAILER_SIZE)[0] : -TRAILER_SIZE])[
-            "format"
-        ]
-        == 2
-    )
+    assert _footer(new)[1]["format"] == 2
     assert parse_file(new, where="new.seg").rows == 300
     with pytest.raises(SegmentCorruptError, match=r"new\.seg: unknown segment format 3 \(this version reads"):
         parse_file(_with_format(new, 3), where="new.seg")
