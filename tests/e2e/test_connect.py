@@ -62,8 +62,12 @@ def _client(
         if proc.returncode == 0 or SPARK_WORKER_START not in proc.stdout + proc.stderr or attempt == 2:
             return proc
         print(f"{what}: Spark's Python worker did not start within Spark's 10 s; running the client again")
-        for made in [p for p in work.iterdir() if p.name not in before] if work is not None else []:
-            shutil.rmtree(made) if made.is_dir() else made.unlink()
+        made = [p for p in work.iterdir() if p.name not in before] if work is not None else []
+        for path in made:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     raise AssertionError("unreachable")
 
 
