@@ -94,7 +94,7 @@ from .schema import (
     unwritable_columns,
 )
 from .schema_versions import NewVersion, check_batch_schema, fill_missing_columns, filled_schema
-from .sizing import Sample, sample_ratio
+from .sizing import RESAMPLE_GROWTH, Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
 log = logging.getLogger(__name__)
@@ -920,8 +920,9 @@ class ExactlyOnceParquetSink:
     def _plan(self, *, force: bool) -> tuple[list[PlannedFile], list[int]]:
         """Plan files with the best estimate of Parquet bytes per log byte: learned from the latest committed
         files or, before the first, measured on a sample of the held rows (:mod:`filesink.sizing`). A sample is
-        encoded when the size rule would close a file with more rows than the last sample had, up to one row
-        group of them: the estimate improves as the backlog grows, and a new sink's first files reach the target.
+        encoded when the size rule would close a file with at least ``RESAMPLE_GROWTH`` times the rows of the last
+        sample, up to one row group of them: the estimate improves as the backlog grows, and a new sink's first
+        files reach the target.
         """
         now = time.time()
         while True:
@@ -941,7 +942,7 @@ class ExactlyOnceParquetSink:
             sampled = self._sample.rows if self._sample else 0
             if sampled >= self._row_group_rows:
                 return files, idle
-            larger = [f for f in files if f.reason == "size" and f.rows > sampled]
+            larger = [f for f in files if f.reason == "size" and f.rows >= max(1, RESAMPLE_GROWTH * sampled)]
             if not larger:
                 return files, idle
             largest = max(larger, key=lambda f: f.rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 import pytest
 from sink_helpers import append_epoch, batch_rows
@@ -53,9 +55,18 @@ def test_a_sample_stops_after_whole_blocks_of_at_least_max_rows(tmp_path):
     sink.close()
 
 
-def test_before_its_first_file_a_sink_plans_by_a_sample_and_then_by_what_it_wrote(tmp_path):
+def test_before_its_first_file_a_sink_plans_by_a_sample_and_then_by_what_it_wrote(tmp_path, monkeypatch):
     """With the log-size estimate (ratio 1.0) the first file would be a fraction of the target; sampled, it
-    lands within 0.8-1.0 of it, and the next file is planned by the ratio of the committed one."""
+    lands within 0.8-1.0 of it, and the next file is planned by the ratio of the committed one. Each sample
+    after the first has at least twice the rows of the one before (a few more rows barely move the ratio)."""
+    samples: list[int] = []
+
+    def sample(task, max_rows):
+        result = sample_ratio(task, max_rows)
+        samples.append(result.rows)
+        return result
+
+    monkeypatch.setattr("filesink.sink.sample_ratio", sample)
     target = 24 * 1024
     sink = ExactlyOnceParquetSink(
         str(tmp_path / "out"),
@@ -70,6 +81,8 @@ def test_before_its_first_file_a_sink_plans_by_a_sample_and_then_by_what_it_wrot
         sink._roll(force=False)  # what the sink does after each batch's seal
     sizes = sink.stats.file_sizes
     assert sink._sample is not None and sink._sample.rows > 0
+    assert len(samples) >= 2, samples  # the first sample was small: the estimate was refined
+    assert all(b >= sizing.RESAMPLE_GROWTH * a for a, b in itertools.pairwise(samples)), samples
     assert sink.ledger.bytes_per_log_byte() is not None
     assert len(sizes) >= 3, sizes
     for size in sizes:
