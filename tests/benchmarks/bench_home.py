@@ -248,7 +248,7 @@ class Batch:
 class DirectSink(ExactlyOnceParquetSink):
     """The sink with its append done here: one segment per writer, as the append job's tasks write them."""
 
-    def _append(self, df: Any, epoch: int) -> list[SegmentDescriptor]:
+    def _append(self, df: Any, epoch: int, version: Any = None) -> list[SegmentDescriptor]:
         table, n = df.table, df.table.num_rows
         found = []
         for i in range(PARALLELISM):

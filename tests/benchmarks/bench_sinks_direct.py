@@ -67,7 +67,7 @@ class Batch:
 class DirectSink(ExactlyOnceParquetSink):
     """The sink, with the append done here instead of in a Spark job (see the module docstring)."""
 
-    def _append(self, df: Any, epoch: int) -> list[SegmentDescriptor]:
+    def _append(self, df: Any, epoch: int, version: Any = None) -> list[SegmentDescriptor]:
         descriptor = append_segment(self._store.target, epoch, df.table, writer_id="p0-a0")
         return [descriptor] if descriptor is not None else []
 
