@@ -15,6 +15,7 @@ depends only on the rows, so a re-written file gets the same bytes.
 from __future__ import annotations
 
 import math
+import struct
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +29,15 @@ PROBE_ROWS = 20_000
 
 _LENGTH_PREFIX = 4
 """Bytes before each binary value in a plain-encoded dictionary page."""
+
+
+def _int64(value: int) -> pa.Scalar:
+    """``value`` as an Arrow scalar, made from a buffer: a Python value converted by pyarrow (``pc.equal(x, 1)``)
+    makes it import pandas, which the file writers' Spark workers otherwise never load (:mod:`filesink.taskrows`)."""
+    return pa.Array.from_buffers(pa.int64(), 1, [None, pa.py_buffer(struct.pack("<q", value))])[0]
+
+
+_ONE, _TWO = _int64(1), _int64(2)
 
 
 def dictionary_columns(table: pa.Table, row_group_rows: int) -> bool | list[str]:
@@ -55,8 +65,8 @@ def _plain_is_better(kind: pa.DataType, column: pa.ChunkedArray, rows_per_group:
         counted = pc.value_counts(values)
         counts = counted.field("counts")
         distinct = len(counts)
-        once = pc.sum(pc.equal(counts, 1)).as_py() or 0
-        twice = pc.sum(pc.equal(counts, 2)).as_py() or 0
+        once = pc.sum(pc.equal(counts, _ONE)).as_py() or 0
+        twice = pc.sum(pc.equal(counts, _TWO)).as_py() or 0
         if _is_binary(kind):
             value_bytes = pc.sum(pc.binary_length(counted.field("values"))).as_py() / distinct + _LENGTH_PREFIX
         else:

@@ -180,7 +180,9 @@ _JAVA_OFFSET = re.compile(r"(?:GMT|UTC|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d
 
 def _known_zone(zone: str) -> bool:
     try:
-        pc.strftime(pa.array([0], pa.timestamp("s", tz=zone)), format="%H")
+        # built from a buffer: converting a Python value makes pyarrow import pandas (filesink.taskrows)
+        instant = pa.Array.from_buffers(pa.timestamp("s", tz=zone), 1, [None, pa.py_buffer(bytes(8))])
+        pc.strftime(instant, format="%H")
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     return True

@@ -46,6 +46,7 @@ from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
+from . import taskrows
 from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .backlog import BacklogTracker
 from .checkpoint import checkpoint_query_id
@@ -847,16 +848,13 @@ class ExactlyOnceParquetSink:
             try:
                 rows = admission.admit(b.rename_columns(names) for b in batches)
             except Refusal as e:
-                yield pa.record_batch([pa.nulls(1, pa.binary()), pa.array([str(e)])], names=_APPEND_COLUMNS)
+                yield taskrows.refused(str(e))
                 return
             descriptor = append_segment(target, epoch, rows, writer_id=writer)
             if descriptor is not None:
-                yield pa.record_batch(
-                    [pa.array([pickle.dumps(descriptor)], pa.binary()), pa.nulls(1, pa.string())],
-                    names=_APPEND_COLUMNS,
-                )
+                yield taskrows.appended(pickle.dumps(descriptor))
 
-        rows = positional.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, _APPEND_SCHEMA).collect()
+        rows = positional.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, taskrows.APPEND_SCHEMA).collect()
         descriptors = [pickle.loads(r.descriptor) for r in rows if r.descriptor is not None]
         refused = [r[REFUSED_COLUMN] for r in rows if r[REFUSED_COLUMN] is not None]
         if refused:
@@ -905,16 +903,13 @@ class ExactlyOnceParquetSink:
             for batch in batches:
                 for index in batch.column(0).to_pylist():
                     task = tasks[index]
-                    objects = pickle.dumps(write_file(output, task))
-                    yield pa.record_batch(
-                        [pa.array([task.name]), pa.array([objects], pa.binary())], names=["name", "objects"]
-                    )
+                    yield taskrows.written(task.name, pickle.dumps(write_file(output, task)))
 
         # A mapInArrow job like the append (task i writes file i), not an RDD job: Spark runs both on the same
         # pool of Python workers, which are running and have their modules imported already, instead of
         # starting a second pool of workers for the files.
         count = len(tasks)
-        jobs = self._spark.range(0, count, 1, count).mapInArrow(write_task, "name string, objects binary")
+        jobs = self._spark.range(0, count, 1, count).mapInArrow(write_task, taskrows.WRITTEN_SCHEMA)
         return {r.name: pickle.loads(r.objects) for r in jobs.collect()}
 
     def _plan(self, *, force: bool) -> tuple[list[PlannedFile], list[int]]:
@@ -1073,10 +1068,6 @@ class ExactlyOnceParquetSink:
                 self._timer_error = e
                 return
 
-
-_APPEND_COLUMNS = ["descriptor", REFUSED_COLUMN]
-_APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
-"""What each append task returns: its segment's pickled descriptor, or the reason it refused its rows."""
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The Spark local property that holds the running streaming query's id (kept in its checkpoint) in foreachBatch."""
