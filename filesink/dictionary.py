@@ -15,11 +15,12 @@ depends only on the rows, so a re-written file gets the same bytes.
 from __future__ import annotations
 
 import math
-import struct
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from .arrowvalues import int64_scalar
 
 DICTIONARY_PAGE_LIMIT = 1024 * 1024
 """pyarrow's ``dictionary_pagesize_limit`` default: a dictionary larger than this falls back to plain."""
@@ -30,14 +31,9 @@ PROBE_ROWS = 20_000
 _LENGTH_PREFIX = 4
 """Bytes before each binary value in a plain-encoded dictionary page."""
 
-
-def _int64(value: int) -> pa.Scalar:
-    """``value`` as an Arrow scalar, made from a buffer: a Python value converted by pyarrow (``pc.equal(x, 1)``)
-    makes it import pandas, which the file writers' Spark workers otherwise never load (:mod:`filesink.taskrows`)."""
-    return pa.Array.from_buffers(pa.int64(), 1, [None, pa.py_buffer(struct.pack("<q", value))])[0]
-
-
-_ONE, _TWO = _int64(1), _int64(2)
+_ONE, _TWO = int64_scalar(1), int64_scalar(2)
+"""Not ``pc.equal(counts, 1)``: a Python number makes pyarrow import pandas in the file writers
+(:mod:`filesink.arrowvalues`)."""
 
 
 def dictionary_columns(table: pa.Table, row_group_rows: int) -> bool | list[str]:

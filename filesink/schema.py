@@ -30,6 +30,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .arrowvalues import one_zero
+
 
 class SchemaConformError(ValueError):
     """A batch's Arrow type cannot be conformed to the files' schema (the message names the column)."""
@@ -180,9 +182,7 @@ _JAVA_OFFSET = re.compile(r"(?:GMT|UTC|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d
 
 def _known_zone(zone: str) -> bool:
     try:
-        # built from a buffer: converting a Python value makes pyarrow import pandas (filesink.taskrows)
-        instant = pa.Array.from_buffers(pa.timestamp("s", tz=zone), 1, [None, pa.py_buffer(bytes(8))])
-        pc.strftime(instant, format="%H")
+        pc.strftime(one_zero(pa.timestamp("s", tz=zone)), format="%H")  # no Python value: filesink.arrowvalues
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     return True

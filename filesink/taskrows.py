@@ -1,20 +1,17 @@
 """The rows the sink's Spark tasks send back to the driver: an append task's segment or refusal, a file's objects.
 
-Each row is built from Arrow buffers, not from Python values. Converting a Python value (``pa.array([...])``,
-``pa.scalar``) makes pyarrow import pandas, to check whether the value is one of pandas' types: 0.3 s of CPU and
-tens of MB in every Python worker Spark starts, for nothing the tasks use. ``tests/filesink/test_task_imports.py``
-checks that what the tasks run leaves pandas unimported.
+Each row is built from Arrow buffers (:mod:`filesink.arrowvalues`): converting Python values would make pyarrow
+import pandas in every Python worker.
 
-This module runs in Spark tasks: it imports only pyarrow and the refusal column's name.
+This module runs in Spark tasks: it imports only pyarrow, the buffers' helpers and the refusal column's name.
 """
 
 from __future__ import annotations
 
-import struct
-
 import pyarrow as pa
 
 from .admission import REFUSED_COLUMN
+from .arrowvalues import one_value
 
 APPEND_COLUMNS = ["descriptor", REFUSED_COLUMN]
 APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
@@ -22,14 +19,6 @@ APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
 WRITTEN_COLUMNS = ["name", "objects"]
 WRITTEN_SCHEMA = "name string, objects binary"
 """What a file-writing task returns: the file's name and its pickled written objects."""
-
-
-def one_value(value: str | bytes) -> pa.Array:
-    """A one-row string array (``str``, a lone surrogate replaced by ``?``) or binary array (``bytes``)."""
-    data = value.encode("utf-8", "replace") if isinstance(value, str) else value
-    kind = pa.string() if isinstance(value, str) else pa.binary()
-    offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))
-    return pa.Array.from_buffers(kind, 1, [None, offsets, pa.py_buffer(data)])
 
 
 def appended(descriptor: bytes) -> pa.RecordBatch:

@@ -160,9 +160,8 @@ class _PartitionWriter:
         if self._buffered:
             self._write(pa.Table.from_batches(self._buffer, self.schema))
         self._buffer, self._buffered = [], 0
-        # a file without rows still gets its schema and footer (no ``Schema.empty_table()``: it converts Python
-        # values, which makes pyarrow import pandas in the worker, see filesink.taskrows)
-        writer = self._writer or self._open(pa.Table.from_batches([], self.schema))
+        # a file without rows still gets its schema and footer (not ``Schema.empty_table()``: filesink.arrowvalues)
+        writer = self._open(pa.Table.from_batches([], self.schema))
         with self._errors("finish"):
             writer.close()
             self.size = self.obj.finish()

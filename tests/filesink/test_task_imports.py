@@ -1,4 +1,4 @@
-"""What the sink's Spark tasks run leaves pandas unimported (filesink.taskrows says why: 0.3 s of CPU and tens of MB
+"""What the sink's Spark tasks run leaves pandas unimported (filesink.arrowvalues says why: 0.3 s of CPU and tens of MB
 in every Python worker). A fresh Python process, as a worker is, runs an append task's steps (the admission, the
 segment, its row for the driver, a refusal's row) and a file writer's (the file, its row), then reports which step
 imported pandas, if any; the rows it returns are checked here."""
