@@ -82,3 +82,19 @@ def test_the_choice_depends_only_on_the_rows():
         with pq.ParquetWriter(sink, table.schema, use_dictionary=dictionary_columns(table, 1_000_000)) as writer:
             writer.write_table(table)
     assert one.getvalue() == two.getvalue()
+
+
+def test_a_key_column_in_log_store_order_is_judged_over_the_whole_row_group():
+    """A file's rows come in vnode order, and the vnode is a hash of the key: the first 20,000 rows hold a few
+    vnodes' keys, most of them twice here, though the row group holds 200,000 distinct keys (1.6 MB of int64,
+    more than the dictionary page). The probe is spread over the rows, so the key is written plain."""
+    n = 400_000
+    keys = pa.array([(i * 7919) % (n // 2) for i in range(n)], pa.int64())
+    vnodes = pa.compute.bit_wise_and(keys, 255)
+    order = pa.compute.sort_indices(
+        pa.table({"v": vnodes, "i": pa.array(range(n))}), [("v", "ascending"), ("i", "ascending")]
+    )
+    table = pa.table({"key": keys, "country": pa.array(["DE", "FR", "US", "NL"] * (n // 4))}).take(order)
+    head = table.slice(0, 20_000).column("key")
+    assert len(head.unique()) < 11_000, "the first rows hold most of their keys twice"
+    assert _has_dictionary(_write(table)) == {"key": False, "country": True}
