@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
 from logstore.failpoints import failpoint
 
+from .arrowvalues import int64_scalar
 from .dictionary import dictionary_columns
 from .errors import FencedError, FileWriteError
 from .evolution import upgrade
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 
 PARQUET_FORMAT_VERSION = "2.6"
 
-_ROW_INDEX = "__filesink_row_index__"
+_SAME_WIDTH_INT = {16: pa.int16(), 32: pa.int32(), 64: pa.int64()}
+"""The integer type a float's bits are read as, by width, to tell floats apart by their bits."""
 
 
 @dataclass(frozen=True)
@@ -283,22 +285,18 @@ def split_partitions(
             return [legacy_partition_dir(partition_by, list(row.values())) for row in distinct.to_pylist()]
         return partition_dirs(distinct, partition_by)
 
-    if batch.num_rows == 1:
-        return [(directories(keys)[0], data)]
-    # Row indices 0..n-1 (indices of an all-true mask), listed per distinct key combination; without threads
-    # the hash aggregation consumes rows in order, so each list is ascending.
-    keys = keys.append_column(_ROW_INDEX, pc.indices_nonzero(pc.is_null(pa.nulls(batch.num_rows))))
-    groups = keys.group_by(list(partition_by), use_threads=False).aggregate([(_ROW_INDEX, "list")])
-    lists = groups.column(f"{_ROW_INDEX}_list")
-    dirs = directories(groups.select(list(partition_by)))
+    if batch.num_rows <= 1:
+        return [(directories(keys)[0], data)] if batch.num_rows else []
+    firsts, lists = key_groups(batch.select(list(partition_by)))
+    dirs = directories(keys.take(firsts))
     if len(dirs) == 1:
         return [(dirs[0], data)]
     # Several key combinations can share a directory (null and "" both become the default partition, NaNs of
-    # other bits, binary values with the same UTF-8 text): their rows go to one object, so merge their index
-    # lists back into input order.
+    # other bits, binary values with the same UTF-8 text): their rows go to one object, so merge their index lists
+    # back into input order.
     per_dir: dict[str, list[pa.Array]] = {}
     for i, directory in enumerate(dirs):
-        per_dir.setdefault(directory, []).append(lists[i].values)
+        per_dir.setdefault(directory, []).append(lists[i])
     out = []
     for directory, parts in per_dir.items():
         if len(parts) == 1:
@@ -308,6 +306,34 @@ def split_partitions(
             indices = merged.take(pc.array_sort_indices(merged))
         out.append((directory, data.take(indices)))
     return out
+
+
+def key_groups(keys: pa.RecordBatch) -> tuple[pa.Array, list[pa.Array]]:
+    """The distinct value combinations of ``keys``' columns, in the order they first occur: for each, the index of
+    the row where it first occurs, and the indices of all its rows, ascending.
+
+    Values are told apart by their bytes (a float by its bits: each NaN, -0.0 and 0.0 a combination of its own),
+    so a combination never holds rows that name two directories. Not Acero's ``group_by``: importing it imports
+    ``pyarrow.dataset``, which imports pandas in every file writer (:mod:`filesink.arrowvalues`)."""
+    code: pa.Array | None = None
+    for column in keys.columns:
+        if pa.types.is_floating(column.type):
+            column = column.view(_SAME_WIDTH_INT[column.type.bit_width])
+        encoded = pc.dictionary_encode(column, null_encoding="encode")
+        ids = encoded.indices.cast(pa.int64())
+        if code is not None:  # both below the row count, so the product fits; encoded again to stay below it
+            ids = pc.add(pc.multiply(code, int64_scalar(len(encoded.dictionary))), ids)
+        code = pc.dictionary_encode(ids).indices if code is not None else ids
+    assert code is not None, "a split has at least one partition column"
+    order = pc.sort_indices(code)  # stable: each combination's rows stay ascending
+    ordered = code.take(order)
+    starts = [0]
+    if len(ordered) > 1:
+        changes = pc.indices_nonzero(pc.not_equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1)))
+        starts += [i + 1 for i in changes.to_pylist()]
+    ends = [*starts[1:], len(ordered)]
+    lists = [order.slice(start, end - start) for start, end in zip(starts, ends, strict=True)]
+    return pa.concat_arrays([rows.slice(0, 1) for rows in lists]), lists
 
 
 def write_file(output: OutputLocation, task: FileTask) -> list[WrittenObject]:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from filesink.admission import Admission
 from filesink.output import OutputLocation
+from filesink.output.limits import key_limits
 from filesink.writer import FileTask
 from logstore import LogStore, append_segment
 
@@ -60,32 +62,50 @@ print(json.dumps(steps))
 """
 
 
-def rows(first: int, count: int) -> pa.Table:
-    """Rows with a timestamp in a zone given by a Java short id (its check converts a value in pyarrow)."""
-    return pa.table(
+PARTITION_BY = ("day", "score")
+
+
+def rows(first: int, count: int, partitioned: bool = False) -> pa.Table:
+    """Rows with a timestamp in a zone given by a Java short id (its check converts a value in pyarrow), and the
+    partition columns: a text and a float (the file writer splits rows by their directories)."""
+    numbers = range(first, first + count)
+    table = pa.table(
         {
-            "id": pa.array(range(first, first + count), pa.int64()),
-            "name": pa.array([f"row {i}" for i in range(first, first + count)]),
-            "ts": pa.array(range(first, first + count), pa.timestamp("us", tz="PST")),
-            "__vnode": pa.array([i % VNODES for i in range(first, first + count)], pa.int32()),
+            "id": pa.array(numbers, pa.int64()),
+            "name": pa.array([f"row {i}" for i in numbers]),
+            "ts": pa.array(numbers, pa.timestamp("us", tz="PST")),
+            "__vnode": pa.array([i % VNODES for i in numbers], pa.int32()),
         }
     )
+    if not partitioned:
+        return table
+    table = table.add_column(1, "day", pa.array([f"2026-11-{i % 3 + 1:02d}" for i in numbers]))
+    return table.add_column(2, "score", pa.array([None if i % 7 == 0 else i % 2 + 0.5 for i in numbers], pa.float64()))
 
 
-def test_the_tasks_leave_pandas_unimported(tmp_path):
+@pytest.mark.parametrize("partition_by", [(), PARTITION_BY], ids=["unpartitioned", "partitioned"])
+def test_the_tasks_leave_pandas_unimported(tmp_path, partition_by):
     assert importlib.util.find_spec("pandas") is not None, "pandas is a dependency: the check would prove nothing"
     store = LogStore.open(tmp_path / "state", vnodes=VNODES)
+    parted = bool(partition_by)
     try:
-        store.seal(0, [append_segment(store.target, 0, rows(0, 500), writer_id="w0")])
+        store.seal(0, [append_segment(store.target, 0, rows(0, 500, parted), writer_id="w0")])
         plan = tuple(store.plan_read({v: -1 for v in range(VNODES)}, 0))
-        columns = rows(0, 1).drop_columns(["__vnode"]).schema
-        task = FileTask(name="part-0", log=store.location, plan=plan, schema_bytes=columns.serialize().to_pybytes())
+        columns = rows(0, 1, parted).drop_columns(["__vnode"]).schema
+        task = FileTask(
+            name="part-0",
+            log=store.location,
+            plan=plan,
+            schema_bytes=columns.serialize().to_pybytes(),
+            partition_by=partition_by,
+        )
         output = OutputLocation(str(tmp_path / "out"))
-        admission = Admission(1, columns.serialize().to_pybytes())
+        limits = key_limits(output) if parted else None
+        admission = Admission(1, columns.serialize().to_pybytes(), partition_by, limits)
         inputs = {"admission": admission, "target": store.target, "epoch": 1, "output": output, "task": task}
         (tmp_path / "inputs.pkl").write_bytes(pickle.dumps(inputs))
-        with pa.ipc.new_file(str(tmp_path / "rows.arrow"), rows(500, 300).schema) as w:
-            w.write_table(rows(500, 300))
+        with pa.ipc.new_file(str(tmp_path / "rows.arrow"), rows(500, 300, parted).schema) as w:
+            w.write_table(rows(500, 300, parted))
 
         done = subprocess.run(
             [sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
@@ -105,7 +125,20 @@ def test_the_tasks_leave_pandas_unimported(tmp_path):
         assert [r["name"] for r in written] == ["part-0"]
         objects = pickle.loads(written[0]["objects"])
         assert sum(o.rows for o in objects) == 500
-        path = Path(output.url) / objects[0].key
-        assert pq.read_table(path).num_rows == 500
+        if not parted:
+            assert pq.read_table(Path(output.url) / objects[0].key).num_rows == 500
+            return
+        # 3 days, 2 scores and null: each object holds the rows of its directory, and every row is in one
+        by_dir = {o.key.rsplit("/", 1)[0]: pq.read_table(Path(output.url) / o.key) for o in objects}
+        assert len(by_dir) == 9
+        logged = rows(0, 500, True).drop_columns(["ts"]).to_pylist()  # "PST" is a Java id, not a Python one
+        for directory, table in by_dir.items():
+            day, score = (part.split("=", 1)[1] for part in directory.split("/"))
+            want = [
+                r["id"]
+                for r in logged
+                if r["day"] == day and str(r["score"]) == score.replace("__HIVE_DEFAULT_PARTITION__", "None")
+            ]
+            assert sorted(table.column("id").to_pylist()) == want, directory
     finally:
         store.close()
