@@ -278,7 +278,8 @@ def split_partitions(
     data = batch.select(data_columns)
     if not partition_by:
         return [("", data)]
-    keys = pa.Table.from_batches([batch.select(list(partition_by))])
+    key_columns = batch.select(list(partition_by))
+    keys = pa.Table.from_batches([key_columns])
 
     def directories(distinct: pa.Table) -> list[str]:
         if legacy:
@@ -287,7 +288,7 @@ def split_partitions(
 
     if batch.num_rows <= 1:
         return [(directories(keys)[0], data)] if batch.num_rows else []
-    firsts, lists = key_groups(batch.select(list(partition_by)))
+    firsts, lists = key_groups(key_columns)
     dirs = directories(keys.take(firsts))
     if len(dirs) == 1:
         return [(dirs[0], data)]
@@ -321,9 +322,10 @@ def key_groups(keys: pa.RecordBatch) -> tuple[pa.Array, list[pa.Array]]:
             column = column.view(_SAME_WIDTH_INT[column.type.bit_width])
         encoded = pc.dictionary_encode(column, null_encoding="encode")
         ids = encoded.indices.cast(pa.int64())
-        if code is not None:  # both below the row count, so the product fits; encoded again to stay below it
-            ids = pc.add(pc.multiply(code, int64_scalar(len(encoded.dictionary))), ids)
-        code = pc.dictionary_encode(ids).indices if code is not None else ids
+        if code is None:
+            code = ids
+        else:  # both below the row count, so the product fits; encoded again to stay below it
+            code = pc.dictionary_encode(pc.add(pc.multiply(code, int64_scalar(len(encoded.dictionary))), ids)).indices
     assert code is not None, "a split has at least one partition column"
     order = pc.sort_indices(code)  # stable: each combination's rows stay ascending
     ordered = code.take(order)
