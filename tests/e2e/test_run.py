@@ -293,7 +293,10 @@ def test_a_stop_is_clean_and_the_next_run_finishes_exactly_once(tmp_path, how):
         assert len(said) == 1, err[-3000:]
         held = r"the log store holds ([\d,]+ rows \(.* of log\) from epochs? [\d-]+|nothing) not yet"
         assert re.search(held, said[0]), said[0]
-        assert "Nothing is lost." in said[0] and not out, out
+        assert "Nothing is lost." in said[0], said[0]
+        # Between batches the first Ctrl-C can end the query within the 50 ms before the second: then the summary
+        # line is out before the stop at once, which comes while Spark stops. Nothing after it (the held rows).
+        assert out == "" or re.fullmatch(r"stopped: [^\n]+\n", out), out
     else:
         assert proc.returncode == 0, err[-3000:]
         assert f"{STOPPING}\n" in err, "one line, never broken mid-sentence"
