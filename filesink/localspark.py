@@ -7,16 +7,16 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
-"""Spark (4.1 and later) talks to its Python workers over Unix domain sockets instead of TCP on loopback. Over
-TCP, each Python task's first input reached the task about 40 ms after its function started; over a Unix
-socket, 1 ms: a ``mapInArrow`` job of 2 rows took 73 against 130 ms (``docs/benchmarks.md``). The sink runs at
-least one such job per batch. Spark 4.0 does not know the setting and ignores it."""
-
 
 def session_conf(cores: int, conf: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The settings :func:`local_spark` gives its session: ``local[cores]`` on 127.0.0.1, no UI, UTC, Python
-    workers over Unix sockets (:data:`UNIX_SOCKETS`), with ``conf`` on top (it may override any of them)."""
+    """The settings :func:`local_spark` gives its session: ``local[cores]`` on 127.0.0.1, no UI, UTC, with
+    ``conf`` on top (it may override any of them).
+
+    Spark's Python workers stay on TCP, Spark's default. Unix domain sockets
+    (``spark.python.unix.domain.socket.enabled``, Spark 4.1 and later) make a Python job about 55 ms shorter, but
+    with them Spark 4.3's Python daemon prints a ``BrokenPipeError`` traceback on stderr for every worker whose task
+    fails on the JVM's side (a malformed input file, say), next to the run's own error message
+    (``docs/benchmarks.md``, "Python workers over Unix sockets"). A caller who wants them passes the setting."""
     return {
         "spark.master": f"local[{cores}]",
         "spark.ui.enabled": "false",
@@ -25,7 +25,6 @@ def session_conf(cores: int, conf: Mapping[str, str] | None = None) -> dict[str,
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.sql.session.timeZone": "UTC",
-        UNIX_SOCKETS: "true",
         **(conf or {}),
     }
 

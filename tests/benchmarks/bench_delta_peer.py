@@ -8,7 +8,7 @@ Not a test (pytest does not collect it). Run from the repository root with the `
     python tests/benchmarks/bench_delta_peer.py                    # 2,500,000 rows, 2 rounds, events and strings
     python tests/benchmarks/bench_delta_peer.py --quick            # 200,000 rows, 1 round: a smoke run
     python tests/benchmarks/bench_delta_peer.py --workload strings --rounds 3 --rows 5000000
-    python tests/benchmarks/bench_delta_peer.py --variants ours,ours-tcp,delta+compact   # Python workers on TCP too
+    python tests/benchmarks/bench_delta_peer.py --variants ours,ours-unix,delta+compact   # and over Unix sockets
 
 Each run is a job process of its own with ``local[2]`` Spark (``bench_sinks_jobs.run``, the side-by-side setup of
 ``bench_sinks.py``: 2 input files per micro-batch, available-now trigger), writing to a local directory: our sink
@@ -17,8 +17,8 @@ the same target size for its compaction. The order alternates from round to roun
 ours by the rows in the footers of its Parquet files, the peer's by the rows of the Delta table's files, both
 against the input. It prints the medians, each round's ratio (the peer's seconds over ours: above 1.0 we are
 ahead) and the machine's load before and after each run. Goal (issue: at least 1.0x, aiming for 1.2x), reported,
-not asserted. Every job's session talks to its Python workers over Unix sockets (``filesink.localspark``); the
-``ours-tcp`` variant is our sink with them on TCP, Spark's default. See ``docs/benchmarks.md``.
+not asserted. Every job's session talks to its Python workers over TCP, Spark's default; the ``ours-unix``
+variant is our sink with them on Unix domain sockets. See ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -41,18 +41,18 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 JOB = HERE / "bench_sinks_jobs.py"
-VARIANTS = ("ours", "ours-delta", "ours-iceberg", "delta+compact", "ours-tcp")
+VARIANTS = ("ours", "ours-delta", "ours-iceberg", "delta+compact", "ours-unix")
 TABLE_FORMATS = {"ours-delta": "delta", "ours-iceberg": "iceberg"}
 LABELS = {
     "ours": "ours, directory",
     "ours-delta": "ours, Delta table",
     "ours-iceberg": "ours, Iceberg table",
     "delta+compact": "Delta path + compaction",
-    "ours-tcp": "ours, directory, Python workers over TCP",
+    "ours-unix": "ours, directory, Python workers over Unix sockets",
 }
-TCP = {"spark.python.unix.domain.socket.enabled": "false"}
-"""The ``ours-tcp`` variant's Spark setting: its Python workers on TCP, as Spark's default has them (the job's
-``local_spark`` session uses Unix sockets, as every other variant's)."""
+UNIX_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"}
+"""The ``ours-unix`` variant's Spark setting: its Python workers on Unix domain sockets, where every other variant
+has them on TCP (Spark's default, and ``local_spark``'s)."""
 DEADLINE_SECONDS = 1800
 
 
@@ -68,7 +68,7 @@ class Run:
 
 def output_rows(variant: str, out: Path) -> tuple[int, int]:
     """(rows, files) of a run's end state: our Parquet files, or the Delta table's active files."""
-    if variant in ("ours", "ours-tcp"):
+    if variant in ("ours", "ours-unix"):
         files = [p for p in out.rglob("*.parquet") if not any(part.startswith(("_", ".")) for part in p.parts[-3:])]
         return sum(pq.ParquetFile(p).metadata.num_rows for p in files), len(files)
     if variant == "ours-iceberg":
@@ -105,8 +105,8 @@ def run_once(args: argparse.Namespace, work: Path, input_dir: Path, workload: st
     )
     if variant == "delta+compact":
         spec["compact_to"] = rollover["target_file_size"]
-    if variant == "ours-tcp":
-        spec["spark_conf"] = {**spec.get("spark_conf", {}), **TCP}
+    if variant == "ours-unix":
+        spec["spark_conf"] = {**spec.get("spark_conf", {}), **UNIX_SOCKETS}
     if variant in TABLE_FORMATS:
         spec["table_format"] = TABLE_FORMATS[variant]
         spec["table"] = "bench.events" if variant == "ours-iceberg" else None
@@ -188,10 +188,10 @@ def report(workload: str, runs: list[Run], rows: int, variants: tuple[str, ...])
                 f"- Peer's seconds over {LABELS[ours]}'s by round: {', '.join(f'{x:.2f}' for x in ratios)}; median "
                 f"**{statistics.median(ratios):.2f}** (goal >= 1.0, aim 1.2: {verdict})."
             )
-    if "ours" in by and "ours-tcp" in by:
-        ratios = _ratios(by["ours-tcp"], by["ours"])
+    if "ours" in by and "ours-unix" in by:
+        ratios = _ratios(by["ours-unix"], by["ours"])
         lines.append(
-            f"- Ours over TCP's seconds over ours' (Unix sockets) by round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+            f"- Ours over Unix sockets' seconds over ours' (TCP) by round: {', '.join(f'{x:.2f}' for x in ratios)}; "
             f"median **{statistics.median(ratios):.2f}**."
         )
     if "ours" in by:
@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
     parser.add_argument(
         "--variants",
-        default=",".join(v for v in VARIANTS if v != "ours-tcp"),
-        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all but ours-tcp)",
+        default=",".join(v for v in VARIANTS if v != "ours-unix"),
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all but ours-unix)",
     )
     args = parser.parse_args(argv)
     variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
