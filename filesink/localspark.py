@@ -7,16 +7,19 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
+"""Spark's setting (4.1 and later) for its Python workers on Unix domain sockets instead of TCP; off here, see
+:func:`session_conf`."""
+
 
 def session_conf(cores: int, conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """The settings :func:`local_spark` gives its session: ``local[cores]`` on 127.0.0.1, no UI, UTC, with
     ``conf`` on top (it may override any of them).
 
-    Spark's Python workers stay on TCP, Spark's default. Unix domain sockets
-    (``spark.python.unix.domain.socket.enabled``, Spark 4.1 and later) make a Python job about 55 ms shorter, but
-    with them Spark 4.3's Python daemon prints a ``BrokenPipeError`` traceback on stderr for every worker whose task
-    fails on the JVM's side (a malformed input file, say), next to the run's own error message
-    (``docs/benchmarks.md``, "Python workers over Unix sockets"). A caller who wants them passes the setting."""
+    Spark's Python workers stay on TCP, Spark's default. Unix domain sockets (:data:`UNIX_SOCKETS`) make a Python
+    job about 55 ms shorter, but with them Spark 4.3's Python daemon prints a ``BrokenPipeError`` traceback on stderr
+    for every worker whose task fails on the JVM's side (a malformed input file, say), next to the run's own error
+    message (``docs/benchmarks.md``, "Python workers over Unix sockets"). A caller who wants them passes the setting."""
     return {
         "spark.master": f"local[{cores}]",
         "spark.ui.enabled": "false",

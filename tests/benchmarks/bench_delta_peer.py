@@ -38,6 +38,8 @@ import bench_sinks as sinks
 import bench_sinks_data as data
 import pyarrow.parquet as pq
 
+from filesink.localspark import UNIX_SOCKETS
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 JOB = HERE / "bench_sinks_jobs.py"
@@ -50,9 +52,6 @@ LABELS = {
     "delta+compact": "Delta path + compaction",
     "ours-unix": "ours, directory, Python workers over Unix sockets",
 }
-UNIX_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"}
-"""The ``ours-unix`` variant's Spark setting: its Python workers on Unix domain sockets, where every other variant
-has them on TCP (Spark's default, and ``local_spark``'s)."""
 DEADLINE_SECONDS = 1800
 
 
@@ -106,7 +105,8 @@ def run_once(args: argparse.Namespace, work: Path, input_dir: Path, workload: st
     if variant == "delta+compact":
         spec["compact_to"] = rollover["target_file_size"]
     if variant == "ours-unix":
-        spec["spark_conf"] = {**spec.get("spark_conf", {}), **UNIX_SOCKETS}
+        # its Python workers on Unix domain sockets; every other variant has them on TCP (Spark's default)
+        spec["spark_conf"] = {**spec.get("spark_conf", {}), UNIX_SOCKETS: "true"}
     if variant in TABLE_FORMATS:
         spec["table_format"] = TABLE_FORMATS[variant]
         spec["table"] = "bench.events" if variant == "ours-iceberg" else None

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-SETTING = "spark.python.unix.domain.socket.enabled"
+from filesink.localspark import UNIX_SOCKETS, local_spark
+
 WARMUP = 5
 CHILD_DEADLINE_SECONDS = 600
 
@@ -50,9 +51,7 @@ def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def child(unix_sockets: bool, jobs: int) -> dict[str, float]:
-    from filesink.localspark import local_spark
-
-    spark = local_spark("bench-python-sockets", conf={SETTING: str(unix_sockets).lower()})
+    spark = local_spark("bench-python-sockets", conf={UNIX_SOCKETS: str(unix_sockets).lower()})
     small = spark.range(0, 2, 1, 2)
     big = spark.range(0, 400_000, 1, 2).selectExpr(
         "id", "id * 7 AS user_id", "id / 3.0 AS amount", "id * 1.5 AS score", "concat('user-', id) AS name"
@@ -63,21 +62,19 @@ def child(unix_sockets: bool, jobs: int) -> dict[str, float]:
         t0 = time.time()
         rows = small.mapInArrow(timed, schema).collect()
         t1 = time.time()
-        t2 = time.time()
         total = big.mapInArrow(count, "rows long").collect()
         t3 = time.time()
-        assert sum(r.rows for r in total) == 400_000
-        t4 = time.time()
         small.toArrow()
-        t5 = time.time()
+        t4 = time.time()
+        assert sum(r.rows for r in total) == 400_000
         if i < WARMUP:
             continue
         figures["job"].append(t1 - t0)
         figures["to_fn"].append(min(r.s for r in rows) - t0)
         figures["to_first"].append(max(r.f - r.s for r in rows))
         figures["to_collect"].append(t1 - max(r.e for r in rows))
-        figures["big"].append(t3 - t2)
-        figures["arrow"].append(t5 - t4)
+        figures["big"].append(t3 - t1)
+        figures["arrow"].append(t4 - t3)
     spark.stop()
     return {k: statistics.median(v) * 1000 for k, v in figures.items()}
 

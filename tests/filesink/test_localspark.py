@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from filesink.localspark import session_conf
-
-UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
+from filesink.localspark import UNIX_SOCKETS, session_conf
 
 
 def test_the_local_session_keeps_sparks_python_workers_on_tcp() -> None:
