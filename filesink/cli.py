@@ -211,6 +211,16 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
         help="input schema, e.g. 'id bigint, name string' (default: the sink's, or inferred from the files)",
     )
     run.add_argument(
+        "--drop-missing-input",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="give up the rows of FILE, a file of the batch this start runs again that is missing from the input "
+        "directory (the start is refused while one is missing, naming each); they will not be in the output "
+        "(repeatable)",
+    )
+    run.add_argument(
         "--max-files-per-trigger", type=_positive, metavar="N", help="read at most N new files per micro-batch"
     )
     run.add_argument(
@@ -326,6 +336,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--trigger needs an interval (use --available-now to run once)")
     if args.remote and args.master:
         parser.error("--master and --remote (or SPARK_REMOTE) exclude each other: give one of them")
+    if args.remote and args.drop_missing_input:
+        parser.error(
+            "--drop-missing-input is not taken with --remote (or SPARK_REMOTE): the checkpoint and the input are the "
+            "server's, so this command cannot check which files a batch misses. Put the file back under its name"
+        )
     if args.remote and not args.remote.startswith("sc://"):
         parser.error(f"--remote takes a Spark Connect URL such as sc://host:15002, not {args.remote!r}")
     problem = table_usage(args.table_format, args.table, bool(args.catalog))
@@ -364,6 +379,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         checkpoint=args.checkpoint.absolute() if args.checkpoint else None,
         schema=args.schema,
         max_files_per_trigger=args.max_files_per_trigger,
+        drop_missing_input=[p.absolute() for p in args.drop_missing_input],
         spark_conf=dict(args.conf),
         log_store=args.log_store,
         accept_state_loss=args.accept_state_loss,

@@ -107,6 +107,12 @@ class InputError(FileSinkError):
     """The input of ``filesink run`` cannot be read: a missing directory, an unreadable file, mixed schemas."""
 
 
+class MissingInputError(InputError):
+    """A file of the batch Spark runs again is missing from the landing directory (``filesink run`` refuses to start,
+    since Spark would run the batch without it and never read its name again), or ``--drop-missing-input`` names a
+    file that is not missing."""
+
+
 class StorageAccessError(FileSinkError):
     """An S3 endpoint cannot be reached, or it rejects the credentials or the bucket."""
 
@@ -145,6 +151,7 @@ __all__ = [
     "FileWriteError",
     "InputError",
     "LogStoreMovedError",
+    "MissingInputError",
     "OutputClaimedError",
     "OutputHasRowsError",
     "SchemaMismatchError",

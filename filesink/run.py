@@ -35,6 +35,7 @@ from .progress import Progress, files_line, held, plural, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
 from .sink import START_NOTICE, ExactlyOnceParquetSink
+from .sourcelog import check_replay
 
 
 @contextmanager
@@ -101,6 +102,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     files = check_input(config.input, config.format)
     make_local_dir(config.state_dir, "the state directory (--state-dir)", create=False)
     make_local_dir(config.checkpoint_dir, "the checkpoint directory (--checkpoint)", create=False)
+    replay = check_replay(config.checkpoint_dir, files, config.drop_missing_input)
     config.log_store = config.log_store or LogStore.recorded_location(config.state_dir)
     options = config.storage_options()
     if not is_local(config.output):
@@ -114,6 +116,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     spark = None
     try:
         _report_recovery(sink, out)
+        for notice in replay.notices:
+            out(notice)
         spark = spark_session(config)
         spark.sparkContext.setLogLevel("FATAL")  # failures are reported below, without Spark's stack traces
         schema = input_schema(spark, config, sink, bool(files))

@@ -37,6 +37,8 @@ class RunConfig:
     checkpoint: Path | None = None
     schema: str | None = None
     max_files_per_trigger: int | None = None
+    drop_missing_input: list[Path] = field(default_factory=list)
+    """``--drop-missing-input``: files of the batch to run again whose rows are given up (:mod:`filesink.sourcelog`)."""
     spark_conf: dict[str, str] = field(default_factory=dict)
     log_store: str | None = None
     accept_state_loss: bool = False

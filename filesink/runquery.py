@@ -155,18 +155,41 @@ def report_failure(error: BaseException, batches: Batches | None, config: RunCon
         fix = (
             f"Another streaming query uses the same checkpoint ({config.checkpoint_dir}): two runs of this command "
             "overlap, as during a rolling update. Let one of them run (the newer one owns the sink; the older is "
-            "fenced at its next step), and start this command again only once the other run has stopped"
+            "fenced at its next step), and start this command again only once the other run has stopped: it resumes "
+            "with that batch."
         )
     else:
-        fix = (
-            f"Fix the cause (for example replace a malformed file in {config.input} with a corrected copy of the "
-            "same name) and run the same command again"
-        )
-    out(
-        f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}: it "
-        "resumes with that batch."
-    )
+        fix = _fix_input(summary, config)
+    out(f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}")
     return EXIT_FAILED
+
+
+def _fix_input(summary: list[str], config: RunConfig) -> str:
+    """What to do after a failed batch: fix the file in place, since Spark runs the batch again with the files it
+    listed, by name, and never reads a name twice (:mod:`filesink.sourcelog`)."""
+    found = next(
+        (m.group(1) for line in summary if (m := re.search(r"while reading file (\S+?)\.?(\s|$)", line))), None
+    )
+    path = str(_local(found)) if found else None
+    what = f"the file {path}" if path else f"the file in {config.input} that failed"
+    missing = (
+        "Spark would run it without a missing file and never read that name again"
+        if config.remote
+        else "the next start refuses while one of them is missing, and gives its rows up only if you say so with "
+        "--drop-missing-input FILE"
+    )
+    return (
+        f"Fix the cause (for example replace {what} with a corrected copy under the same name) and run the same "
+        "command again: it resumes with that batch. Keep the name: the batch runs again with the files it listed, "
+        f"by name ({missing}), and a file landed again under a name already read is never read."
+    )
+
+
+def _local(uri: str) -> str:
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    return unquote(parsed.path) if parsed.scheme == "file" else uri
 
 
 CONCURRENT_QUERY = ("Multiple streaming queries are concurrently using", "Multiple streaming jobs detected")

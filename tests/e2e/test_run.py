@@ -27,6 +27,7 @@ from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
 from filesink.cli import parse_duration, parse_size
 from filesink.preflight import input_files
 from filesink.run import STOPPING
+from filesink.sourcelog import listed_files, pending_batch
 
 PARTS = ("event_date",)
 FAST_START = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -364,8 +365,22 @@ def test_a_malformed_json_line_fails_the_batch_and_a_fixed_file_resumes(tmp_path
     assert "Nothing of the failed batch was committed" in proc.stdout + proc.stderr
     assert f"Encountered error while reading file file://{bad}" in proc.stdout, proc.stdout
     assert "Malformed records" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert f"replace the file {bad} with a corrected copy under the same name" in proc.stdout, proc.stdout
     out = tmp_path / "out"
     assert not list(out.rglob("*.parquet")), "no row of a failed batch is visible"
+    # Moved out, the batch's file would be skipped by Spark and its name never read again: refused before Spark.
+    moved = bad.rename(tmp_path / "moved.json")
+    proc = filesink(*_args(tmp_path, "--format", "json", "--available-now"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    message = proc.stderr.replace("\n", " ")
+    assert f"is missing: {bad}" in message and f"--drop-missing-input {bad}" in message, message
+    assert "put each file back" in message and "Traceback" not in proc.stderr and "epoch" not in proc.stderr
+    # --drop-missing-input is only for a file the refusal named.
+    other = tmp_path / "in" / "in-000.json"
+    proc = filesink(*_args(tmp_path, "--format", "json", "--available-now", "--drop-missing-input", str(other)))
+    assert proc.returncode == 1 and f"--drop-missing-input {other}: not a missing file" in proc.stderr, proc.stderr
+    assert not list(out.rglob("*.parquet"))
+    moved.rename(bad)
     bad.write_text(good)
     proc = filesink(*_args(tmp_path, "--format", "json", "--available-now"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -413,3 +428,85 @@ def test_run_refuses_what_is_not_its_own_and_deletes_nothing(tmp_path):
     assert sorted(p.name for p in out_a.rglob("*.parquet")) == written
     assert read_pyarrow(str(out_a), None, PARTS) == expected
     assert not (tmp_path / "out-b").exists() or not list((tmp_path / "out-b").rglob("*.parquet"))
+
+
+# -- a batch run again: its files, by name ----------------------------------------------------------------------
+
+MTIME = time.time() - 3600
+
+
+def _land(directory: Path, name: str, batch: int, rows: int = 400) -> list[tuple]:
+    """A file of ``batch_rows(batch)``, modified ``batch`` minutes after a fixed time: Spark's file source takes
+    files in that order, one per batch here."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = batch_rows(batch, rows)
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, zip(*data, strict=True), TYPES, strict=True)})
+    pq.write_table(table, directory / name)
+    os.utime(directory / name, (MTIME + 60 * batch, MTIME + 60 * batch))
+    return data
+
+
+def _damage(path: Path) -> None:
+    """Overwrite the middle of the largest column chunk: the footer stays valid, the data pages do not."""
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = max((meta.column(i) for i in range(meta.num_columns)), key=lambda c: c.total_compressed_size)
+    with open(path, "r+b") as f:
+        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+        f.seek(start + chunk.total_compressed_size // 3)
+        f.write(b"\xff" * (chunk.total_compressed_size // 3))
+    pq.read_schema(path)  # the footer reads, so the pre-flight passes and the batch fails in Spark
+    with pytest.raises((OSError, pa.ArrowException)):
+        pq.read_table(path)
+
+
+def _replay_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        *("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")),
+        *("--key", "user_id", "--partition-by", "event_date", "--parallelism", "2", "--available-now"),
+        *("--max-files-per-trigger", "1", "--conf", FAST_START),
+        # Spark compacts the file source's log every 2 batches here (10 by default): the check reads compactions.
+        *("--conf", "spark.sql.streaming.fileSource.log.compactInterval=2"),
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_damaged_file_given_up_by_name_and_a_file_landed_again_are_said(tmp_path):
+    landing = tmp_path / "in"
+    expected = Counter(_land(landing, "a-000.parquet", 0) + _land(landing, "a-001.parquet", 1))
+    damaged = landing / "b-002.parquet"
+    lost = _land(landing, damaged.name, 2)
+    _damage(damaged)
+    os.utime(damaged, (MTIME + 120, MTIME + 120))
+    proc = filesink(*_replay_args(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert f"Encountered error while reading file file://{damaged}" in proc.stdout, proc.stdout
+    assert f"replace the file {damaged} with a corrected copy under the same name" in proc.stdout
+    checkpoint = tmp_path / "state" / "checkpoint"
+    pending = pending_batch(checkpoint)
+    assert pending is not None and pending.batch_id == 2
+    assert any(p.name.endswith(".compact") for p in (checkpoint / "sources" / "0").iterdir())
+    assert [e.path for e in listed_files(checkpoint)] == [landing / n for n in ("a-000.parquet", "a-001.parquet")] + [
+        damaged
+    ]
+
+    # The damaged file moved out, and a-000's name used again for other rows: refused while b-002 is missing.
+    damaged.unlink()
+    again = _land(landing, "a-000.parquet", 3)
+    proc = filesink(*_replay_args(tmp_path))
+    assert proc.returncode == 1 and f"is missing: {damaged}" in proc.stderr.replace("\n", " "), proc.stderr
+
+    # Given up by name: batch 2 runs without it, and the run says so; a-000's new rows are reported, never read.
+    new = Counter(_land(landing, "c-004.parquet", 4))
+    proc = filesink(*_replay_args(tmp_path, "--drop-missing-input", str(damaged)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert f"gave up 1 input file of batch 2 (--drop-missing-input): {damaged}" in proc.stdout, proc.stdout
+    assert f"warning: the input file {landing / 'a-000.parquet'} was landed again" in proc.stdout
+    assert "the rows of this file are NOT read" in proc.stdout
+    expected.update(new)
+    got = read_pyarrow(str(tmp_path / "out"), None, PARTS)
+    assert got == expected, "every row once, but those of the given-up file and of the name landed again"
+    assert not set(lost) & set(got) and not set(again) & set(got)
+    assert pending_batch(checkpoint) is None
