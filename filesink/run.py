@@ -62,6 +62,7 @@ def spark_session(config: RunConfig) -> Any:
     from .localspark import local_spark
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this Python, with this package
+    quiet_spark_start(local=config.master is None)
     if config.master is None:
         return local_spark("filesink-run", cores=config.parallelism or os.cpu_count() or 2, conf=config.spark_conf)
     builder = (
@@ -73,6 +74,24 @@ def spark_session(config: RunConfig) -> Any:
     for key, value in config.spark_conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+LOG4J2 = Path(__file__).with_name("log4j2.properties")
+"""The driver's log4j 2 configuration: Spark's defaults without the start's lines a user cannot act on."""
+
+
+def quiet_spark_start(local: bool) -> None:
+    """Keep the lines a user cannot act on out of Spark's start: "Setting default log level", Hadoop's native
+    library, and (local Spark, which binds to 127.0.0.1 anyway) that the host name resolves to a loopback address.
+    A log4j configuration of the user's (``-Dlog4j2.configurationFile`` in ``SPARK_SUBMIT_OPTS``, or
+    ``log4j2.properties`` in ``SPARK_CONF_DIR``) is left alone."""
+    opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    own = "log4j2.configurationFile" in opts or (conf_dir and Path(conf_dir, "log4j2.properties").exists())
+    if not own:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -Dlog4j2.configurationFile={LOG4J2.as_uri()}".strip()
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, have_files: bool) -> Any:
@@ -131,7 +150,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
             stop.set()
             console.print(STOPPING, highlight=False, soft_wrap=True)
 
-        with stop_signals(ask_stop, lambda: stopped_at_once(config.state_dir)):
+        summary_said = threading.Event()
+        with stop_signals(ask_stop, lambda: stopped_at_once(config.state_dir, summary_said.is_set())):
             try:
                 query = writer.start()
                 progress = Progress(console, sink.stats, config.state_dir, "filesink run")
@@ -146,6 +166,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
                     f"{verb}: {rows_line(stats)}; files committed {files_line(stats.file_sizes, stats.objects)}; "
                     f"{time.monotonic() - started:,.1f} s"
                 )
+                summary_said.set()
             finally:  # still under the handler: a second Ctrl-C while Spark stops ends the run at once, quietly
                 sink.close()
                 spark.stop()
@@ -169,12 +190,19 @@ def _report_held(state_dir: Path, out: Callable[[str], None]) -> None:
 STOPPING = "stopping: waiting for the batch in progress (Ctrl-C again stops at once; nothing is lost either way)"
 
 
-def stopped_at_once(state_dir: Path) -> str:
-    """What a second Ctrl-C or SIGTERM prints as the process ends at once: what it left and what comes next."""
+def stopped_at_once(state_dir: Path, summary_said: bool = False) -> str:
+    """What a second Ctrl-C or SIGTERM prints as the process ends at once: what it left and what comes next. After
+    the run's summary line (``summary_said``: the query had stopped, and Spark was shutting down), a line that
+    does not say "stopped" a second time."""
     try:
         left = f"the log store holds {held(state_dir).describe()} not yet in files"
     except Exception as e:  # the process ends now whatever this says: never let the message stop it
         left = f"what the log store holds could not be read ({type(e).__name__})"
+    if summary_said:
+        return (
+            f"ended at once (exit {KILL_EXIT}) while Spark shut down, after the run had stopped as said above; "
+            f"{left}; the next run writes them. Nothing is lost."
+        )
     return (
         f"stopped at once (exit {KILL_EXIT}): the batch in progress, if any, was not committed, and Spark runs it "
         f"again at the next start; {left}; the next run writes them, and its recovery at start resolves any file "
