@@ -12,7 +12,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from recovery.cli import recover
 from . import s3options
 from .argparsing import Parser, catalog_property
 from .destination import TableFormat
+from .destination.catalogs import cli_catalog_refusal, needs_catalog
 from .errors import COMMAND_ERRORS, EXIT_FAILED, report
 
 if TYPE_CHECKING:
@@ -234,9 +235,11 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
     s3options.add_arguments(run)
 
 
-def table_usage(table_format: str, table: str | None, catalog: bool) -> str | None:
-    """What is wrong with ``--table-format``, ``--table`` and ``--catalog`` together (what the sink's own
-    ``TableFormatError`` says of its options, in the options' names), or None."""
+def table_usage(
+    table_format: str, table: str | None, catalog: Mapping[str, str], output: str | None = None
+) -> str | None:
+    """What is wrong with ``--table-format``, ``--table`` and ``--catalog`` (and ``--output``) together (what the
+    sink's own ``TableFormatError`` says of its options, in the options' names), or None."""
     if table_format != "iceberg" and (table or catalog):
         given = [o for o, on in (("--table", table), ("--catalog", catalog)) if on]
         what = f"{given[0]} is an option" if len(given) == 1 else "--table and --catalog are options"
@@ -251,6 +254,8 @@ def table_usage(table_format: str, table: str | None, catalog: bool) -> str | No
             "--table-format iceberg needs --table NAMESPACE.NAME (e.g. --table db.events), the table's identifier "
             "in the catalog"
         )
+    if table_format == "iceberg" and output is not None and needs_catalog(output, catalog):
+        return cli_catalog_refusal(output)
     return None
 
 
@@ -343,7 +348,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     if args.remote and not args.remote.startswith("sc://"):
         parser.error(f"--remote takes a Spark Connect URL such as sc://host:15002, not {args.remote!r}")
-    problem = table_usage(args.table_format, args.table, bool(args.catalog))
+    problem = table_usage(args.table_format, args.table, dict(args.catalog), args.output)
     if problem:
         parser.error(problem)
     from rich.console import Console

@@ -128,7 +128,7 @@ class SinkDescription:
                 "was lost: it lets batch 0 of a new checkpoint write to an output that holds rows already. Give it "
                 "with accept_state_loss=True (--accept-state-loss), or leave it out. Nothing was created."
             )
-        table_opts = table_options(table_format, catalog, table)
+        table_opts = table_options(table_format, catalog, table, path=path)
         keys = _columns(key_columns, "key_columns")
         partitions = _columns(partition_by, "partition_by") or ()
         state = _absolute(os.fspath(state_dir), "state_dir", remote=remote)

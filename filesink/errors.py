@@ -114,7 +114,15 @@ class MissingInputError(InputError):
 
 
 class StorageAccessError(FileSinkError):
-    """An S3 endpoint cannot be reached, or it rejects the credentials or the bucket."""
+    """An S3 endpoint cannot be reached, or it rejects the credentials or the bucket, or what answers there is not
+    an S3 server."""
+
+
+class S3EndpointError(SinkOptionError):
+    """An S3 endpoint (``--s3-endpoint``, ``AWS_ENDPOINT_URL``, a storage option) is not an ``http://`` or
+    ``https://`` URL: refused as bad usage, before anything is opened."""
+
+    exit_code = EXIT_USAGE
 
 
 class SparkMasterError(FileSinkError):
@@ -154,6 +162,7 @@ __all__ = [
     "MissingInputError",
     "OutputClaimedError",
     "OutputHasRowsError",
+    "S3EndpointError",
     "SchemaMismatchError",
     "SinkFailedError",
     "SinkLockedError",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from logstore import LogStore, LogStoreError
+from recovery.resolve import Action, RecoveryPlan
 
 from .sink import SinkStats
 
@@ -68,6 +69,24 @@ def files_line(sizes: list[int], objects: int | None = None) -> str:
     return f"{len(sizes)}{parts} ({size(sum(sizes))}; median file {size(median)}, last {size(sizes[-1])})"
 
 
+def recovered_commits(plan: RecoveryPlan | None) -> int:
+    """The files recovery at start committed (as they were, or written again): files the last run left pending,
+    which this run's own counts (:class:`SinkStats`) do not hold."""
+    if plan is None:
+        return 0
+    return sum(1 for r in plan.files if r.action in (Action.COMMIT, Action.REWRITE))
+
+
+def committed_line(sizes: list[int], objects: int | None = None, recovered: int = 0) -> str:
+    """The files committed (:func:`files_line`), and the ``recovered`` ones recovery at start committed: ``none
+    yet`` is never said of a run whose recovery committed files."""
+    mine = files_line(sizes, objects)
+    if not recovered:
+        return mine
+    theirs = f"{recovered:,} by recovery at start (left pending by the last run)"
+    return f"{theirs}, none yet from this run's batches" if not sizes else f"{mine} and {theirs}"
+
+
 def rows_line(stats: SinkStats) -> str:
     """``12,000 rows in (3 batches)``, and the batches Spark ran again whose rows the log store already held."""
     return f"{stats.rows_in:,} rows in ({batches_line(stats)})"
@@ -81,8 +100,10 @@ def batches_line(stats: SinkStats) -> str:
 class Progress:
     """Shows a sink's progress on ``console``: a live panel when it is a terminal, else a line per epoch."""
 
-    def __init__(self, console: Any, stats: SinkStats, state_dir: Path, title: str) -> None:
+    def __init__(self, console: Any, stats: SinkStats, state_dir: Path, title: str, recovered: int = 0) -> None:
         self.console = console
+        self.recovered = recovered
+        """Files recovery at start committed (:func:`recovered_commits`), shown with this run's."""
         self.stats = stats
         self.state_dir = state_dir
         self.title = title
@@ -118,7 +139,7 @@ class Progress:
         s = self.stats
         return (
             f"epoch {s.last_epoch}: {rows_line(s)}, log backlog {self._held().describe()}, files committed "
-            f"{files_line(s.file_sizes, s.objects)}"
+            f"{committed_line(s.file_sizes, s.objects, self.recovered)}"
         )
 
     def _held(self) -> Held:
@@ -139,7 +160,7 @@ class Progress:
         table.add_row("epoch", str(s.last_epoch) if s.last_epoch >= 0 else "-")
         table.add_row("rows in", f"{s.rows_in:,} ({batches_line(s)})")
         table.add_row("log backlog", h.describe())
-        table.add_row("files committed", files_line(s.file_sizes, s.objects))
+        table.add_row("files committed", committed_line(s.file_sizes, s.objects, self.recovered))
         table.add_row("running", f"{time.monotonic() - self.started:,.0f} s")
         return Panel(table, title=self.title, expand=False)
 

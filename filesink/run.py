@@ -31,7 +31,7 @@ from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_OK, InputError
 from .preflight import check_input, check_master, check_s3, make_local_dir
-from .progress import Progress, files_line, held, plural, rows_line
+from .progress import Progress, committed_line, held, plural, recovered_commits, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
 from .sink import START_NOTICE, ExactlyOnceParquetSink
@@ -154,7 +154,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         with stop_signals(ask_stop, lambda: stopped_at_once(config.state_dir, summary_said.is_set())):
             try:
                 query = writer.start()
-                progress = Progress(console, sink.stats, config.state_dir, "filesink run")
+                recovered = recovered_commits(sink.recovered)
+                progress = Progress(console, sink.stats, config.state_dir, "filesink run", recovered=recovered)
                 failure = watch(query, batches, stop, progress)
                 if failure is not None:
                     return report_failure(failure, batches, config, out)
@@ -163,7 +164,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
                 stats = sink.stats
                 verb = "stopped" if stop.is_set() else "done"
                 out(
-                    f"{verb}: {rows_line(stats)}; files committed {files_line(stats.file_sizes, stats.objects)}; "
+                    f"{verb}: {rows_line(stats)}; files committed "
+                    f"{committed_line(stats.file_sizes, stats.objects, recovered)}; "
                     f"{time.monotonic() - started:,.1f} s"
                 )
                 summary_said.set()

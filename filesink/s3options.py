@@ -7,6 +7,11 @@ the storage options of the sink's S3 clients (s3fs's, see :func:`logstore.storag
   (``config_kwargs.read_timeout=30``), a value that reads as JSON is taken as such (``30``, ``true``,
   ``{"mode": "standard"}``), anything else as a string.
 
+An endpoint is an ``http://`` or ``https://`` URL: one without a scheme (``127.0.0.1:9000``), or that the S3 client
+would refuse, is refused with a message saying what to give (:func:`endpoint_problem`): at parse time for
+``--s3-endpoint``, when the options are built for a storage option's, and for ``AWS_ENDPOINT_URL_S3`` or
+``AWS_ENDPOINT_URL`` by the probe of an S3 location, before anything is opened (:class:`S3EndpointError`, exit 2).
+
 Later ones win: the endpoint and region, then the JSON object, then each ``--storage-option`` in order. Credentials
 come from the standard AWS variables (or the AWS profile), never from flags: ``key``, ``secret`` and ``token`` are
 refused there. ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_SESSION_TOKEN`` set in the command's
@@ -16,11 +21,16 @@ environment are passed on explicitly, so that executors on other machines use th
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
-from collections.abc import Mapping
+import re
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from .errors import S3EndpointError
 
 SECRET_OPTIONS = frozenset({"key", "secret", "token", "username", "password"})
 """Storage options that hold credentials: never taken from the command line."""
@@ -65,6 +75,96 @@ def _refuse_secret(key: str) -> None:
         )
 
 
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+"""The variables the S3 client takes its endpoint from when none is given: the first one set wins."""
+
+
+def endpoint_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as an S3 endpoint, said after the URL (``has no scheme: use http://...``), or
+    None: an endpoint is ``http://`` or ``https://`` and a host the S3 client (botocore) takes."""
+    text = url.strip()
+    if "://" not in text:
+        return f"has no scheme: use http://{text} or https://{text}"
+    scheme, rest = text.split("://", 1)
+    if scheme.lower() in ("s3", "s3a"):
+        return (
+            f"is a location, not an endpoint: the endpoint is the S3 server's URL, e.g. http://127.0.0.1:8333 or "
+            f"https://s3.example.com, and {scheme}://bucket/prefix goes in --output or --log-store"
+        )
+    if scheme.lower() not in ("http", "https"):
+        return f"has the scheme {scheme}://, and an S3 endpoint is http:// or https://: use http://{rest} or https://{rest}"
+    parts = urllib.parse.urlsplit(text)
+    if not parts.hostname:
+        return f"has no host: give {scheme}://HOST:PORT, e.g. {scheme}://127.0.0.1:9000"
+    try:
+        _ = parts.port  # a ValueError for a port that is not a number
+    except ValueError:
+        return f"has a port that is not a number from 0 to 65535: give {scheme}://{parts.hostname}:PORT"
+    if not _host_name(parts.hostname):
+        return (
+            f"has the host name {parts.hostname!r}, which the S3 client refuses (a host name holds letters, digits, "
+            "'-' and '.' only): give its IP address, or a name without other characters"
+        )
+    return None
+
+
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)", re.IGNORECASE)
+
+
+def _host_name(host: str) -> bool:
+    """Whether ``host`` is an IP address or a DNS name (labels of letters, digits and inner dashes), as the S3 client
+    requires of an endpoint's host."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    return len(host) <= 255 and all(_LABEL.fullmatch(label) for label in host.removesuffix(".").split("."))
+
+
+class _Endpoint(argparse.Action):
+    """``--s3-endpoint URL``: refused at parse time, naming the option as given, unless a usable endpoint."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        problem = endpoint_problem(str(values))
+        if problem:
+            parser.error(f"{option_string or '--s3-endpoint'} {values} {problem}")
+        setattr(namespace, self.dest, values)
+
+
+def check_endpoint(
+    options: Mapping[str, Any], environ: Mapping[str, str] | None = None, given: str = "--s3-endpoint"
+) -> None:
+    """Raise :class:`S3EndpointError` unless the endpoint of the storage ``options`` (``given`` names where it came
+    from) is usable (:func:`endpoint_problem`); with none there, and an ``environ``, the one the S3 client would take
+    from its variables (:data:`ENDPOINT_VARIABLES`)."""
+    endpoint = settings_of(options).get("endpoint_url")
+    named = f"{given} {endpoint}"
+    if not endpoint:
+        variable = configured_endpoint_variable(environ or {})
+        if variable is None:
+            return
+        endpoint = (environ or {})[variable]
+        named = f"{variable}={endpoint}"
+    problem = endpoint_problem(endpoint)
+    if problem:
+        fix = " (set it so, or unset it and give --s3-endpoint)" if named.startswith("AWS_") else ""
+        raise S3EndpointError(f"{named} {problem}{fix}. Nothing was written.")
+
+
+def configured_endpoint_variable(environ: Mapping[str, str]) -> str | None:
+    """The variable the S3 client takes its endpoint from when none is given (:data:`ENDPOINT_VARIABLES`), or None."""
+    if str(environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "")).lower() == "true":
+        return None
+    return next((v for v in ENDPOINT_VARIABLES if environ.get(v)), None)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the S3 options to a command's parser."""
     group = parser.add_argument_group(
@@ -75,6 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--s3-endpoint",
         "--endpoint-url",
         dest="s3_endpoint",
+        action=_Endpoint,
         metavar="URL",
         help="S3 endpoint URL (MinIO, SeaweedFS, rclone serve s3, ...); default: AWS S3 or AWS_ENDPOINT_URL",
     )
@@ -135,6 +236,11 @@ def build(
         _merge(result, json_options)
     for path, value in options or []:
         _merge(result, _nested(path, value))
+    if endpoint and settings_of(result).get("endpoint_url") == endpoint:
+        given = "--s3-endpoint"
+    else:
+        given = "the storage option " + ("endpoint_url" if result.get("endpoint_url") else "client_kwargs.endpoint_url")
+    check_endpoint(result, given=given)  # the variables' endpoint is checked where S3 is used (filesink.output.probe)
     return result
 
 

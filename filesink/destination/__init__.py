@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import TableFormatError
 from .base import Destination, TableFormat, TableOptions, marks_of
+from .catalogs import catalog_refusal
 from .directory import DirectoryDestination
 
 __all__ = [
@@ -42,8 +43,11 @@ def table_options(
     table_format: str | TableFormat = TableFormat.DIRECTORY,
     catalog: Mapping[str, Any] | None = None,
     table: str | None = None,
+    path: str | None = None,
 ) -> TableOptions:
-    """The sink's table options, checked: :class:`TableFormatError` names what is wrong and what to do."""
+    """The sink's table options, checked: :class:`TableFormatError` names what is wrong and what to do. With the
+    output's ``path``, an Iceberg catalog that cannot keep the table is refused too (:func:`.catalogs.catalog_refusal`:
+    before the sink's start touches its state directory)."""
     try:
         kind = TableFormat(str(table_format).lower())
     except ValueError:
@@ -63,6 +67,10 @@ def table_options(
             "table_format='iceberg' needs table='<namespace>.<name>' (e.g. table='db.events'), the table's "
             "identifier in the catalog"
         )
+    if kind is TableFormat.ICEBERG and path is not None:
+        refusal = catalog_refusal(str(table), path, catalog)
+        if refusal is not None:
+            raise TableFormatError(refusal)
     library = {TableFormat.DELTA: ("deltalake", "delta"), TableFormat.ICEBERG: ("pyiceberg", "iceberg")}.get(kind)
     if library is not None and importlib.util.find_spec(library[0]) is None:
         raise TableFormatError(

@@ -9,6 +9,7 @@ its end means another file of those epochs was committed: a divergence that no r
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,14 +60,29 @@ def marks_of(f: PlannedFile) -> dict[int, int]:
     return {v: f.end_epoch for v in f.starts}
 
 
-def s3_settings(options: Mapping[str, Any]) -> dict[str, str]:
+def s3_settings(options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The S3 settings in the sink's s3fs storage options, by role (``endpoint``, ``region``, ``key``, ``secret``,
-    ``token``; those not given are left out, and a table's library finds them in the standard AWS variables): what
-    each table format's library is given under its own names. An endpoint without a region gets ``us-east-1``."""
+    ``token``, ``addressing``; those not given are left out, and a table's library finds them in the standard AWS
+    variables): what each table format's library is given under its own names, so that it reaches the server the
+    sink's own S3 client reaches, with the same keys.
+
+    - The endpoint and region the options do not give are the ones the sink's S3 client (botocore) takes from
+      ``environ``: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_REGION`` or ``AWS_DEFAULT_REGION``.
+      pyarrow's S3 client (pyiceberg's default file IO) reads no endpoint variable: without them it would send the
+      table's requests to AWS S3. An endpoint without a region gets ``us-east-1``.
+    - ``addressing`` is ``config_kwargs.s3.addressing_style`` when the options set it (``path`` or ``virtual``).
+    """
+    env = os.environ if environ is None else environ
     client = dict(options.get("client_kwargs") or {})
+    configured = str(env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "")).lower() != "true"
     found = {
-        "endpoint": options.get("endpoint_url") or client.get("endpoint_url"),
-        "region": client.get("region_name") or options.get("region_name"),
+        "endpoint": options.get("endpoint_url")
+        or client.get("endpoint_url")
+        or (configured and (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"))),
+        "region": client.get("region_name")
+        or options.get("region_name")
+        or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION"),
         "key": options.get("key"),
         "secret": options.get("secret"),
         "token": options.get("token"),
@@ -74,6 +90,9 @@ def s3_settings(options: Mapping[str, Any]) -> dict[str, str]:
     out = {k: str(v) for k, v in found.items() if v}
     if "endpoint" in out and "region" not in out:
         out["region"] = "us-east-1"
+    addressing = ((options.get("config_kwargs") or {}).get("s3") or {}).get("addressing_style")
+    if addressing in ("path", "virtual"):
+        out["addressing"] = str(addressing)
     return out
 
 

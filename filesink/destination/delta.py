@@ -99,7 +99,7 @@ def storage_options(options: Mapping[str, Any]) -> dict[str, str]:
         "secret": "AWS_SECRET_ACCESS_KEY",
         "token": "AWS_SESSION_TOKEN",
     }
-    out = {names[k]: v for k, v in s3_settings(options).items()}
+    out = {names[k]: v for k, v in s3_settings(options, environ={}).items() if k in names}
     if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
         out["AWS_ALLOW_HTTP"] = "true"
     return out

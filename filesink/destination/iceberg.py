@@ -4,8 +4,10 @@
   ``name`` property names the catalog, default ``filesink``). With none given and a local output, an embedded SQL
   catalog on SQLite beside the table, ``<output>/_filesink_iceberg_catalog.db`` (readers skip names starting with
   ``_``); an S3 output needs a catalog that outlives the machine (PostgreSQL, REST, Glue, ...), and an in-memory
-  catalog is refused. For an S3 output the sink's S3 settings (endpoint, region, credentials) are given to
-  pyiceberg's file IO as ``s3.*`` properties, unless the catalog properties set them.
+  catalog is refused (:mod:`.catalogs`: from the options alone, before the sink's start makes anything). For an S3
+  output the sink's S3 settings (endpoint and region, also those its S3 client takes from ``AWS_ENDPOINT_URL`` and
+  ``AWS_REGION``; credentials; the addressing style) are given to pyiceberg's file IO as ``s3.*`` properties, unless
+  the catalog properties set them (:func:`file_io_properties`).
 - **The table** is at the output (its metadata under ``<output>/metadata/``), created at the first commit from the
   sink's schema with an identity partition spec on the partition columns; timestamps with any zone are
   ``timestamptz`` (the instants are kept, the zone's name is not). The sink's files hold no field ids, so the
@@ -100,6 +102,7 @@ from pyiceberg.utils.properties import property_as_bool, property_as_int
 from ..errors import TableCommitFailedError, TableFormatError
 from ..evolution import upgradable
 from .base import Destination, TableFormat, held_files, marks_of, s3_settings
+from .catalogs import catalog_refusal, table_location
 from .partitions import partition_texts, typed_value
 
 if TYPE_CHECKING:
@@ -149,18 +152,12 @@ def marks_property(sink_id: str) -> str:
     return f"filesink.{sink_id}.marks"
 
 
-def table_location(url: str) -> str:
-    """The table's location for the output ``url``: ``file:///<absolute path>`` or ``s3://bucket/prefix``."""
-    if "://" not in url or url.startswith("file://"):
-        from pathlib import Path
-
-        return "file://" + str(Path(url.removeprefix("file://")).expanduser().absolute()).rstrip("/")
-    return url.replace("s3a://", "s3://", 1).rstrip("/")
-
-
 def file_io_properties(options: Mapping[str, Any]) -> dict[str, str]:
-    """pyiceberg's S3 file IO properties for the sink's s3fs options: endpoint, region, credentials (or none, and
-    pyiceberg's S3 client finds them in the standard AWS variables and files)."""
+    """pyiceberg's S3 file IO properties for the sink's s3fs options (:func:`.base.s3_settings`): the endpoint and
+    region (also those the sink's S3 client takes from ``AWS_ENDPOINT_URL`` and ``AWS_REGION``, which pyarrow's S3
+    client does not read), credentials (or none, and pyiceberg's S3 client finds them in the standard AWS variables
+    and files), and the addressing style (``s3.force-virtual-addressing``, pyiceberg's name for what the Java
+    library calls ``s3.path-style-access``, the other way round)."""
     names = {
         "endpoint": "s3.endpoint",
         "region": "s3.region",
@@ -168,7 +165,11 @@ def file_io_properties(options: Mapping[str, Any]) -> dict[str, str]:
         "secret": "s3.secret-access-key",
         "token": "s3.session-token",
     }
-    return {names[k]: v for k, v in s3_settings(options).items()}
+    settings = s3_settings(options)
+    out = {names[k]: v for k, v in settings.items() if k in names}
+    if "addressing" in settings:
+        out["s3.force-virtual-addressing"] = "true" if settings["addressing"] == "virtual" else "false"
+    return out
 
 
 # -- schemas -------------------------------------------------------------------------------------------------
@@ -353,14 +354,11 @@ class IcebergDestination(Destination):
         if self._catalog is not None:
             return self._catalog
         given = self.options.catalog_properties()
+        refusal = catalog_refusal(self.identifier, self.output.url, given)
+        if refusal is not None:
+            raise TableFormatError(refusal)
         name = given.pop("name", CATALOG_NAME)
         if not given:
-            if not self.output.is_local:
-                raise TableFormatError(
-                    f"the {self.name}: an Iceberg table on object storage needs a catalog (the embedded SQLite "
-                    "catalog lives beside a local table only). Nothing was written. Give catalog={'uri': "
-                    "'postgresql+psycopg2://...'} (a SQL catalog), or a REST or Glue catalog's properties."
-                )
             root = self.output.local_root()
             root.mkdir(parents=True, exist_ok=True)
             props = {"uri": f"sqlite:///{root / EMBEDDED_CATALOG}", "warehouse": self.location}
@@ -369,12 +367,6 @@ class IcebergDestination(Destination):
             except Exception as e:
                 raise TableFormatError(f"cannot open the embedded catalog {root / EMBEDDED_CATALOG}: {e}") from e
             return self._catalog
-        kind = (given.get("type") or "").lower()
-        if kind in ("in-memory", "memory") or (given.get("uri") or "").startswith("sqlite:///:memory:"):
-            raise TableFormatError(
-                f"the {self.name}: an in-memory catalog forgets the table when the process ends (and with it the "
-                "sink's marks). Nothing was written. Give a catalog that keeps its tables (SQL, REST, Glue, ...)."
-            )
         props = {**(file_io_properties(self.output.storage_options) if not self.output.is_local else {}), **given}
         try:
             self._catalog = load_catalog(name, **props)

@@ -1,7 +1,8 @@
 """Tables end to end: a Spark streaming query into a Delta table and into an Iceberg table (embedded catalog), read
 back by the readers of each format; the driver killed (SIGKILL) around a table commit and restarted to the end; a
 table of each format on each S3 server (SeaweedFS, moto's, rclone's), through the sink without Spark, and an Iceberg
-table on S3 with a PostgreSQL catalog.
+table on S3 with a PostgreSQL catalog; ``filesink run`` into an Iceberg table on S3 with a SQLite catalog, the endpoint
+in ``AWS_ENDPOINT_URL``.
 
 Every check compares exact multisets of rows. A table's commits are counted against the sink's rolls (each roll that
 committed files, as the sink's ledger records it): one commit per roll, holding that roll's files, never one per
@@ -50,7 +51,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from helpers import SUPPORT, kill, support_env, wait_for_exit
+from helpers import SUPPORT, kill, run, support_env, wait_for_exit
 from sink_helpers import COLUMNS, append_epoch, batch_rows, input_file, run_query
 from sink_job import ICEBERG_TABLE
 
@@ -628,3 +629,59 @@ def test_an_iceberg_table_on_s3_with_a_postgresql_catalog(
     assert _rows(table.scan().to_arrow(), COLUMNS) == expected
     assert _polars_rows(pl.scan_iceberg(table, storage_options=_polars_options(s3_server)), COLUMNS) == expected
     _check_iceberg_partition(table, expected, COLUMNS, polars=_polars_options(s3_server))
+
+
+# -- filesink run into an Iceberg table on S3 ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_filesink_run_into_an_iceberg_table_on_s3_with_a_sqlite_catalog(
+    tmp_path: Path, s3_server: S3Settings, s3_prefix: str
+) -> None:
+    """As a user runs it: the endpoint in AWS_ENDPOINT_URL only, and a SQLite catalog. A first run whose catalog
+    gives pyiceberg's file IO a key the server does not know writes its files and cannot commit them (they stay
+    pending); the next run, with the same keys as the sink's own client (the sink gives pyiceberg's file IO the
+    endpoint it takes from AWS_ENDPOINT_URL), commits them at its start, and its summary counts them."""
+    expected = input_file(tmp_path / "in", 0, 400)
+    out = s3_prefix + "/table"
+    catalog = {"uri": f"sqlite:///{tmp_path / 'catalog.db'}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ACCESS_KEY_ID=s3_server.access_key,
+        AWS_SECRET_ACCESS_KEY=s3_server.secret_key,
+        AWS_ENDPOINT_URL=s3_server.endpoint,
+    )
+    args = [sys.executable, "-m", "filesink", "run", "--input", str(tmp_path / "in"), "--output", out]
+    args += ["--state-dir", str(tmp_path / "state"), "--table-format", "iceberg", "--table", TABLE]
+    args += ["--catalog", f"uri={catalog['uri']}", "--available-now", "--parallelism", "2", "--key", "user_id"]
+    args += ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"]
+
+    first = run(
+        [*args, "--catalog", "s3.access-key-id=AKIAUNKNOWN"],
+        200,
+        "the first run",
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert first.returncode == 1, first.stderr[-3000:]
+    error = first.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: the commit of 2 files (") and "did not land" in error, error
+    assert "INVALID_ACCESS_KEY_ID" in error and "The files stay pending" in error, error
+    with pytest.raises(NoSuchTableError):
+        _iceberg(catalog, s3_server.storage_options())
+
+    second = run(args, 200, "the second run", capture_output=True, text=True, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    lines = second.stdout.splitlines()
+    assert "recovery at start: 2 files left pending by the last run resolved (2 commit)" in lines, lines
+    done = next(line for line in lines if line.startswith("done: "))
+    assert done.startswith(
+        "done: 0 rows in (0 batches); files committed 2 by recovery at start (left pending by the last run), none "
+        "yet from this run's batches; "
+    ), done
+    table = _iceberg(catalog, s3_server.storage_options())
+    assert table.metadata_location.startswith(out + "/metadata/")
+    assert len(table.metadata.snapshots) == 1, "the two files in one commit"
+    assert _rows(table.scan().to_arrow(), COLUMNS) == expected

@@ -1,10 +1,12 @@
 """``filesink recover status|plan|apply`` on a sink that writes a Delta or an Iceberg table, without Spark: the step
 opens the table from the sink's recorded table format and table (and ``--catalog``), shows whether the table holds
-each pending file, and apply adds a file it lacks once."""
+each pending file, and apply adds a file it lacks once; and ``filesink run``'s refusal of an Iceberg table on S3
+without a catalog, in the command line's terms."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -187,3 +189,33 @@ def test_iceberg_in_a_given_catalog_needs_catalog_and_other_formats_refuse_it(tm
     refused = cli("recover", "status", "--state-dir", str(delta / "state"), "--catalog", "uri=x")
     assert refused.returncode == 2
     assert "--catalog is for a sink that writes an Iceberg table" in refused.stderr, refused.stderr
+
+
+def test_run_refuses_an_iceberg_table_on_s3_without_a_catalog_in_its_own_terms(tmp_path, s3_server, s3_prefix):
+    """`filesink run` says what to give as its options (`--catalog KEY=VALUE`), not as the Python API's
+    `catalog={...}`, before the state directory or the log store is made."""
+    (tmp_path / "in").mkdir()
+    output = s3_prefix + "/table"
+    keys = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    args = ["run", "--input", str(tmp_path / "in"), "--output", output, "--state-dir", str(tmp_path / "state")]
+    args += ["--log-store", s3_prefix + "/log", "--table-format", "iceberg", "--table", TABLE]
+    for extra in ([], ["--catalog", "name=prod"]):  # a name gives no catalog
+        proc = subprocess.run(
+            [sys.executable, "-m", "filesink", *args, *extra, "--s3-endpoint", s3_server.endpoint],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, **keys),
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines()[-1] == (
+            f"filesink: error: --table-format iceberg with --output {output} (object storage) needs a catalog that "
+            "outlives this machine: the embedded SQLite catalog lives beside a local --output only. Give the "
+            "catalog's properties with --catalog KEY=VALUE (repeatable), e.g. --catalog "
+            "uri=postgresql+psycopg2://user@host/db --catalog warehouse=s3://bucket/warehouse (a SQL catalog; a "
+            "SQLite file on a durable disk works too: --catalog uri=sqlite:////srv/iceberg/catalog.db), or a REST "
+            "catalog's: --catalog type=rest --catalog uri=https://catalog.example.com. Nothing was written"
+        )
+        assert "catalog={" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "state").exists(), "no state directory, no lock, no state database"
+    assert s3_server.filesystem().find(s3_prefix) == [], "no claim of the log store or the output"

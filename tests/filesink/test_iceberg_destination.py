@@ -20,9 +20,10 @@ pytest.importorskip("pyiceberg")
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
+from filesink import ExactlyOnceParquetSink
 from filesink.destination import iceberg as iceberg_module
 from filesink.destination import open_destination, table_options
-from filesink.destination.iceberg import EMBEDDED_CATALOG, IcebergDestination, marks_property
+from filesink.destination.iceberg import EMBEDDED_CATALOG, IcebergDestination, file_io_properties, marks_property
 from filesink.errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
 from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
@@ -329,6 +330,69 @@ def test_catalogs_that_cannot_keep_the_table_are_refused(tmp_path: Path) -> None
         destination(str(tmp_path / "out"), catalog={"type": "no-such-kind"}).check(SCHEMA)
 
 
+def test_a_sink_whose_catalog_cannot_keep_the_table_is_refused_before_its_state_is_made(
+    tmp_path: Path, s3_server: Any, s3_prefix: str, s3_options: dict[str, Any]
+) -> None:
+    """Refused from the options alone, in the Python API's terms: no state directory, no lock, nothing on S3 (not
+    the log store's claim either)."""
+
+    def sink(output: str, catalog: dict[str, str] | None, log_store: str | None = None) -> None:
+        ExactlyOnceParquetSink(
+            output,
+            str(tmp_path / "state"),
+            log_store=log_store,
+            storage_options=s3_options,
+            table_format="iceberg",
+            table=TABLE,
+            catalog=catalog,
+        )
+
+    for catalog in (None, {"name": "prod"}):
+        with pytest.raises(TableFormatError) as refused:
+            sink(s3_prefix + "/table", catalog, log_store=s3_prefix + "/log")
+        assert str(refused.value) == (
+            f"the Iceberg table {TABLE} at {s3_prefix}/table: an Iceberg table on object storage needs a catalog (the "
+            "embedded SQLite catalog lives beside a local table only). Nothing was written. Give catalog={'uri': "
+            "'postgresql+psycopg2://...'} (a SQL catalog), or a REST or Glue catalog's properties."
+        )
+    with pytest.raises(TableFormatError, match="in-memory catalog forgets the table"):
+        sink(str(tmp_path / "out"), {"type": "in-memory"})
+    assert not (tmp_path / "state").exists() and not (tmp_path / "out").exists()
+    assert s3_server.filesystem().find(s3_prefix) == []
+
+
+def test_file_io_properties_reach_the_server_the_sinks_client_reaches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint and region the sink's S3 client takes from the AWS variables (pyarrow's reads no endpoint
+    variable), the keys and the addressing style; catalog properties given by the user win."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    keys = {"key": "AKIAEXAMPLE", "secret": "s3cr3t"}
+    assert file_io_properties(keys) == {"s3.access-key-id": "AKIAEXAMPLE", "s3.secret-access-key": "s3cr3t"}
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:8333")
+    assert file_io_properties(keys) == {
+        "s3.endpoint": "http://127.0.0.1:8333",
+        "s3.region": "us-east-1",
+        "s3.access-key-id": "AKIAEXAMPLE",
+        "s3.secret-access-key": "s3cr3t",
+    }
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")  # botocore's order: the S3 one first
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    got = file_io_properties({})
+    assert (got["s3.endpoint"], got["s3.region"]) == ("http://127.0.0.1:9000", "eu-west-3")
+    given = {"client_kwargs": {"endpoint_url": "https://s3.example.com", "region_name": "auto"}}
+    assert file_io_properties(given) == {"s3.endpoint": "https://s3.example.com", "s3.region": "auto"}
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    assert "s3.endpoint" not in file_io_properties({})
+    for style, virtual in (("virtual", "true"), ("path", "false")):
+        options = {"config_kwargs": {"s3": {"addressing_style": style}}}
+        assert file_io_properties(options)["s3.force-virtual-addressing"] == virtual
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "s3.access-key-id": "from-catalog"}
+    properties = destination("s3://bucket/table", catalog=catalog, storage_options=keys).catalog().properties
+    assert properties["s3.access-key-id"] == "from-catalog" and properties["s3.secret-access-key"] == "s3cr3t"
+
+
 def test_check_schema_names_what_iceberg_cannot_hold(tmp_path: Path) -> None:
     d = destination(str(tmp_path / "out"))
     zoned = SCHEMA.set(SCHEMA.get_field_index("ts"), pa.field("ts", pa.timestamp("us", tz="Europe/Berlin")))
@@ -502,6 +566,34 @@ def test_table_on_s3(tmp_path: Path, s3_server: Any, s3_prefix: str, s3_options:
     assert multiset(polars_rows(d, polars_options, country="DE"), COLUMNS) == multiset(
         [r for r in w.expected if r["country"] == "DE"], COLUMNS
     )
+
+
+def test_table_on_s3_with_the_endpoint_from_aws_endpoint_url(
+    tmp_path: Path, s3_server: Any, s3_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SQLite catalog, and the endpoint only in AWS_ENDPOINT_URL (as the sink's own S3 client takes it): pyiceberg's
+    default file IO reaches the same server with the same keys, instead of AWS S3."""
+    from pyarrow import fs as pafs
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    keys = {"key": s3_server.access_key, "secret": s3_server.secret_key}
+    fs = pafs.S3FileSystem(
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        endpoint_override=s3_server.endpoint,
+        region=s3_server.region,
+    )
+    output = s3_prefix + "/table"
+    w = Writer(output.removeprefix("s3://"), fs=fs)
+    a = w.file("part-a", {0: 1}, 2, [rows(0, 3, "DE"), rows(10, 4, "FR")], footer=False)
+    catalog = {"uri": f"sqlite:///{tmp_path / 'catalog.db'}"}
+    d = destination(output, catalog=catalog, storage_options=keys)
+    d.check(SCHEMA)
+    d.make_visible([a], w.written, SCHEMA)
+    table = destination(output, catalog=catalog, storage_options=keys).catalog().load_table(TABLE)
+    assert table.metadata_location.startswith(output + "/metadata/")
+    assert multiset(table.scan().to_arrow().to_pylist(), COLUMNS) == multiset(w.expected, COLUMNS)
 
 
 def test_the_embedded_catalog_is_a_plain_sql_catalog(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ from rich.console import Console
 from sink_helpers import append_epoch, batch_rows
 
 from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation, list_objects
-from filesink.progress import Progress, files_line, held, rows_line, size
+from filesink.progress import Progress, committed_line, files_line, held, recovered_commits, rows_line, size
+from recovery.resolve import Action, RecoveryPlan, Resolution
 
 
 def _sink(tmp_path):
@@ -86,4 +88,37 @@ def test_files_of_a_partitioned_output_are_counted_as_objects_too(tmp_path):
     assert files_line(s.file_sizes, 2).startswith("2 ("), "one object per file: no second count"
     s.replayed = 1
     assert rows_line(s) == "0 rows in (0 batches; 1 batch run again, already in the log store)"
+    sink.close()
+
+
+def test_files_recovery_committed_are_counted_with_the_runs():
+    """A run whose recovery at start committed the files the last run left pending never says it committed none."""
+
+    def resolved(action: Action) -> Resolution:
+        return Resolution(PlannedFile(f"part-{action}", 0, 0, {0: 0}, 0, 1, 1, "test"), [], action)
+
+    plan = RecoveryPlan(files=[resolved(a) for a in (Action.COMMIT, Action.REWRITE, Action.DROP, Action.RELEASED)])
+    assert recovered_commits(plan) == 2, "committed as they were, or written again and committed"
+    assert recovered_commits(None) == recovered_commits(RecoveryPlan()) == 0
+    assert committed_line([], None, 0) == "none yet"
+    assert committed_line([], None, 2) == (
+        "2 by recovery at start (left pending by the last run), none yet from this run's batches"
+    )
+    assert committed_line([1024, 2048], 2, 1) == (
+        "2 (3.0 KiB; median file 1.5 KiB, last 2.0 KiB) and 1 by recovery at start (left pending by the last run)"
+    )
+
+
+def test_the_progress_line_counts_what_recovery_committed(tmp_path):
+    sink = _sink(tmp_path)
+    buffer = io.StringIO()
+    progress = Progress(Console(file=buffer, force_terminal=False, width=300), sink.stats, sink.state_dir, "t", 2)
+    append_epoch(sink, 0, batch_rows(0, 10))
+    sink.stats.last_epoch, sink.stats.batches, sink.stats.rows_in = 0, 1, 10
+    with progress:
+        progress.update()
+    line = buffer.getvalue().strip()
+    assert line.endswith(
+        "files committed 2 by recovery at start (left pending by the last run), none yet from this run's batches"
+    ), line
     sink.close()

@@ -223,3 +223,54 @@ class SilentServer:
         self._listener.close()
         for client in self._held:
             client.close()
+
+
+class PlainHttpServer:
+    """An HTTP server on 127.0.0.1 that is not an S3 server, in a thread: ``files`` is Python's file server on an
+    empty directory (404 Not Found, an HTML page, for every bucket), ``page`` answers every GET with 200 and the same
+    HTML page (as a web console does). ``requests`` counts the requests answered."""
+
+    PAGE = b'<!doctype html><html><head><meta charset="utf-8"><title>Console</title></head><body>sign in</body></html>'
+
+    def __init__(self, kind: str, directory: Path) -> None:
+        import functools
+        import http.server
+
+        server = self
+
+        class Page(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(PlainHttpServer.PAGE)))
+                self.end_headers()
+                self.wfile.write(PlainHttpServer.PAGE)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        class Files(http.server.SimpleHTTPRequestHandler):
+            def send_head(self) -> Any:
+                server.requests += 1
+                return super().send_head()
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        if kind not in ("files", "page"):
+            raise ValueError(f"kind must be 'files' or 'page', not {kind!r}")
+        handler = functools.partial(Files, directory=str(directory)) if kind == "files" else Page
+        self.requests = 0
+        self._httpd = http.server.ThreadingHTTPServer((LOOPBACK, 0), handler)
+        self.endpoint = f"http://{LOOPBACK}:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"plain-http-{kind}", daemon=True)
+
+    def __enter__(self) -> PlainHttpServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
