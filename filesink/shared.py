@@ -43,8 +43,8 @@ import pyarrow as pa
 from logstore.home import DurableHome, term_path
 from logstore.storage import LogLocation, is_local
 
-from . import taskrows
 from .output import OutputLocation, mark_staging
+from .taskrows import PROBE_SCHEMA, UNSHARED_COLUMN, probed
 
 if TYPE_CHECKING:  # the tasks import this module: not the state database's side (sqlite-utils imports pandas)
     from logstore import LogStore
@@ -188,10 +188,10 @@ def probe(spark: Any, check: SharedDirs, fallback_tasks: int) -> list[str]:
     def probe_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _ in batches:
             pass
-        yield taskrows.probed(check.problem())
+        yield probed(check.problem())
 
-    rows = spark.range(0, tasks, 1, tasks).mapInArrow(probe_task, taskrows.PROBE_SCHEMA).collect()
-    return [r[taskrows.UNSHARED_COLUMN] for r in rows if r[taskrows.UNSHARED_COLUMN] is not None]
+    rows = spark.range(0, tasks, 1, tasks).mapInArrow(probe_task, PROBE_SCHEMA).collect()
+    return [r[UNSHARED_COLUMN] for r in rows if r[UNSHARED_COLUMN] is not None]
 
 
 def refusal_message(problems: list[str], outcome: str) -> str:
