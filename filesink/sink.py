@@ -364,7 +364,9 @@ class ExactlyOnceParquetSink:
         with self._lock:
             self._check_usable()
             self.use_spark(df.sparkSession)
-            self._probe_executors(f"Nothing of batch {batch_id} was appended or sealed")
+            self._probe_executors(
+                f"Nothing of batch {batch_id} was appended or sealed, and Spark keeps it in the query's checkpoint"
+            )
             last = self._check_batch(batch_id)
             if batch_id > last:
                 if self._description.fill_missing_columns:
@@ -854,7 +856,7 @@ class ExactlyOnceParquetSink:
             from pyspark import TaskContext
 
             problem = shared.problem() if shared is not None else None
-            if problem is not None:  # before a row is read: this executor's log store is not the driver's
+            if problem is not None:  # before a row is read: this executor does not see the driver's directories
                 yield taskrows.unshared(problem)
                 return
             ctx = TaskContext.get()

@@ -36,6 +36,11 @@ INPUTS, ROWS = 3, 300
 TIMEOUT = 240
 ISOLATED = 1
 """The worker that does not share the driver's disk (worker 0 does)."""
+OUTCOME = (
+    "Nothing of batch 0 was appended or sealed, and Spark keeps it in the query's checkpoint. Fix the cause and start "
+    "the query again"
+)
+"""How a refusal at the first batch's probe ends."""
 SPARK_CONF = [
     "spark.driver.host=127.0.0.1",
     "spark.driver.bindAddress=127.0.0.1",
@@ -128,7 +133,7 @@ def test_a_local_log_store_the_executors_do_not_share_is_refused_before_the_firs
         message
     )
     assert "must be shared storage, such as s3://bucket/prefix (log_store=, filesink run --log-store)" in message
-    assert message.endswith("Nothing of batch 0 was appended or sealed. Fix the cause and start the query again")
+    assert message.endswith(OUTCOME), message
     assert _sealed(state) == 0, "no epoch sealed"
     assert sorted(p.name for p in log.rglob("*.seg")) == [], "no segment in the driver's log store"
     assert parquet_files(str(out)) == [], "no file in the driver's output"
@@ -157,7 +162,7 @@ def test_a_local_output_the_executors_do_not_share_is_refused_before_any_file(
         message,
     ), message
     assert "a local output and its staging directory must be one shared file system mounted at the same path" in message
-    assert message.endswith("Nothing of batch 0 was appended or sealed. Fix the cause and start the query again")
+    assert message.endswith(OUTCOME), message
     assert _sealed(state) == 0, "no epoch sealed"
     fs, root = fsspec.core.url_to_fs(log, **s3_options)
     fs.invalidate_cache()
