@@ -103,6 +103,13 @@ class FileWriteError(FileSinkError):
     """A Parquet file could not be written or made visible."""
 
 
+class NotSharedError(FileSinkError):
+    """A local directory of the sink is not the driver's on an executor: a local log store (the default,
+    ``<state_dir>/log``), or a local output and its staging directory, which on a cluster whose executors run on other
+    machines must be one shared file system mounted at the same path everywhere (:mod:`filesink.shared`). Found by
+    the Spark tasks before they write anything, and refused before the batch is sealed or its files written."""
+
+
 class InputError(FileSinkError):
     """The input of ``filesink run`` cannot be read: a missing directory, an unreadable file, mixed schemas."""
 
@@ -160,6 +167,7 @@ __all__ = [
     "InputError",
     "LogStoreMovedError",
     "MissingInputError",
+    "NotSharedError",
     "OutputClaimedError",
     "OutputHasRowsError",
     "S3EndpointError",

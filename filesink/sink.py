@@ -56,6 +56,7 @@ from .destination import TableFormat, open_destination
 from .errors import (
     BatchRefusedError,
     CheckpointMismatchError,
+    NotSharedError,
     OutputClaimedError,
     OutputHasRowsError,
     SchemaMismatchError,
@@ -95,6 +96,8 @@ from .schema import (
     unwritable_columns,
 )
 from .schema_versions import NewVersion, check_batch_schema, fill_missing_columns, filled_schema
+from .shared import SharedDirs, on_cluster, probe, shared_dirs
+from .shared import refusal_message as unshared_message
 from .sizing import RESAMPLE_GROWTH, Sample, sample_ratio
 from .writer import FileTask, WrittenObject, write_file
 
@@ -316,6 +319,11 @@ class ExactlyOnceParquetSink:
             self.recovered: RecoveryPlan | None = None
             """What start-up recovery carried out."""
             self._recover()
+            self._shared: SharedDirs | None = shared_dirs(self._store, self._output, self._term)
+            """What the executors' tasks of this run look for to tell they see the driver's local log store and
+            output (:mod:`filesink.shared`); None when neither is local."""
+            self._probed = False
+            """Whether this run checked every executor (:meth:`_probe_executors`)."""
             self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)
             self._backlog = BacklogTracker(self._store)
             self._remember_s3_settings(options)
@@ -356,6 +364,9 @@ class ExactlyOnceParquetSink:
         with self._lock:
             self._check_usable()
             self.use_spark(df.sparkSession)
+            self._probe_executors(
+                f"Nothing of batch {batch_id} was appended or sealed, and Spark keeps it in the query's checkpoint"
+            )
             last = self._check_batch(batch_id)
             if batch_id > last:
                 if self._description.fill_missing_columns:
@@ -839,10 +850,15 @@ class ExactlyOnceParquetSink:
         limits = key_limits(self._output) if self.partition_by else None
         files_schema = version.arrow_schema if version is not None else self._ledger.arrow_schema()
         admission = Admission(epoch, files_schema, tuple(self.partition_by), limits)
+        shared = self._shared
 
         def append_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
 
+            problem = shared.problem() if shared is not None else None
+            if problem is not None:  # before a row is read: this executor does not see the driver's directories
+                yield taskrows.unshared(problem)
+                return
             ctx = TaskContext.get()
             writer = term_prefix + (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver")
             try:
@@ -856,11 +872,34 @@ class ExactlyOnceParquetSink:
 
         rows = positional.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, taskrows.APPEND_SCHEMA).collect()
         descriptors = [pickle.loads(r.descriptor) for r in rows if r.descriptor is not None]
+        unshared = [r[taskrows.UNSHARED_COLUMN] for r in rows if r[taskrows.UNSHARED_COLUMN] is not None]
+        if unshared:
+            self._store.discard(epoch, descriptors)
+            raise NotSharedError(
+                unshared_message(
+                    unshared,
+                    f"Nothing of batch {epoch} was sealed: the append tasks on that executor wrote nothing, and the "
+                    "segments the others wrote were deleted. Spark keeps the batch in the query's checkpoint: fix "
+                    "the cause and start the query again",
+                )
+            )
         refused = [r[REFUSED_COLUMN] for r in rows if r[REFUSED_COLUMN] is not None]
         if refused:
             self._store.discard(epoch, descriptors)
             raise BatchRefusedError(refusal_message(epoch, refused))
         return descriptors
+
+    def _probe_executors(self, outcome: str) -> None:
+        """Once per run, before its first append or file write on a cluster: check that every executor sees the
+        driver's local log store and output (:func:`filesink.shared.probe`, one task per executor core), or raise
+        :class:`NotSharedError` ending with ``outcome``. Under a ``local`` master there is nothing to check."""
+        if self._probed or self._shared is None or self._spark is None:
+            return
+        if on_cluster(self._spark):
+            problems = probe(self._spark, self._shared, fallback_tasks=self.parallelism or 2)
+            if problems:
+                raise NotSharedError(unshared_message(problems, f"{outcome}. Fix the cause and start the query again"))
+        self._probed = True
 
     def _key_columns(self, schema: Any, positional: Any) -> list[Any]:
         """The columns the vnode hash is taken over, as columns of ``positional`` (the batch with its columns
@@ -898,19 +937,41 @@ class ExactlyOnceParquetSink:
         output = self._output
         if self._spark is None:
             return {t.name: write_file(output, t) for t in tasks}
+        self._probe_executors(
+            f"No file was written: the files {', '.join(t.name for t in tasks)} stay pending (pre-committed), and "
+            "the next start resolves them"
+        )
+        shared = self._shared
 
         def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            problem = shared.problem() if shared is not None else None
             for batch in batches:
                 for index in batch.column(0).to_pylist():
                     task = tasks[index]
-                    yield taskrows.written(task.name, pickle.dumps(write_file(output, task)))
+                    if problem is not None:  # nothing of the file written: this executor's output is not the driver's
+                        yield taskrows.not_written(task.name, problem)
+                    else:
+                        yield taskrows.written(task.name, pickle.dumps(write_file(output, task)))
 
         # A mapInArrow job like the append (task i writes file i), not an RDD job: Spark runs both on the same
         # pool of Python workers, which are running and have their modules imported already, instead of
         # starting a second pool of workers for the files.
         count = len(tasks)
         jobs = self._spark.range(0, count, 1, count).mapInArrow(write_task, taskrows.WRITTEN_SCHEMA)
-        return {r.name: pickle.loads(r.objects) for r in jobs.collect()}
+        rows = jobs.collect()
+        unshared = [r[taskrows.UNSHARED_COLUMN] for r in rows if r[taskrows.UNSHARED_COLUMN] is not None]
+        if unshared:
+            refused = [r.name for r in rows if r[taskrows.UNSHARED_COLUMN] is not None]
+            raise NotSharedError(
+                unshared_message(
+                    unshared,
+                    f"The files {', '.join(refused)} were not written on that executor. The files of this roll stay "
+                    "pending (pre-committed): the next start resolves each of them exactly once (one that another "
+                    "executor published is in the driver's output, and is committed). Fix the cause, then start the "
+                    "query again",
+                )
+            )
+        return {r.name: pickle.loads(r.objects) for r in rows}
 
     def _plan(self, *, force: bool) -> tuple[list[PlannedFile], list[int]]:
         """Plan files with the best estimate of Parquet bytes per log byte: learned from the latest committed

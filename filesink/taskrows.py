@@ -1,4 +1,5 @@
-"""The rows the sink's Spark tasks send back to the driver: an append task's segment or refusal, a file's objects.
+"""The rows the sink's Spark tasks send back to the driver: an append task's segment or refusal, a file's objects,
+and what a task does not see of the driver's local directories (:mod:`filesink.shared`).
 
 Each row is built from Arrow buffers (:mod:`filesink.arrowvalues`): converting Python values would make pyarrow
 import pandas in every Python worker.
@@ -13,24 +14,48 @@ import pyarrow as pa
 from .admission import REFUSED_COLUMN
 from .arrowvalues import one_value
 
-APPEND_COLUMNS = ["descriptor", REFUSED_COLUMN]
-APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string"
-"""What an append task returns: its pickled segment descriptor, or the refusal of its rows."""
-WRITTEN_COLUMNS = ["name", "objects"]
-WRITTEN_SCHEMA = "name string, objects binary"
-"""What a file-writing task returns: the file's name and its pickled written objects."""
+UNSHARED_COLUMN = "unshared"
+"""The column in which a task reports that it does not see the driver's local directories (:mod:`filesink.shared`)."""
+APPEND_COLUMNS = ["descriptor", REFUSED_COLUMN, UNSHARED_COLUMN]
+APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string, {UNSHARED_COLUMN} string"
+"""What an append task returns: its pickled segment descriptor, the refusal of its rows, or what it does not see."""
+WRITTEN_COLUMNS = ["name", "objects", UNSHARED_COLUMN]
+WRITTEN_SCHEMA = f"name string, objects binary, {UNSHARED_COLUMN} string"
+"""What a file-writing task returns: the file's name and its pickled written objects, or what it does not see."""
+PROBE_SCHEMA = f"{UNSHARED_COLUMN} string"
+"""What a task of the probe job (:func:`filesink.shared.probe`) returns: what it does not see, or null."""
+
+
+def _text(value: str | None) -> pa.Array:
+    return one_value(value) if value is not None else pa.nulls(1, pa.string())
 
 
 def appended(descriptor: bytes) -> pa.RecordBatch:
     """An append task's row for the segment it wrote (``descriptor``: the pickled descriptor)."""
-    return pa.record_batch([one_value(descriptor), pa.nulls(1, pa.string())], names=APPEND_COLUMNS)
+    return pa.record_batch([one_value(descriptor), _text(None), _text(None)], names=APPEND_COLUMNS)
 
 
 def refused(message: str) -> pa.RecordBatch:
     """An append task's row when the admission refused its rows."""
-    return pa.record_batch([pa.nulls(1, pa.binary()), one_value(message)], names=APPEND_COLUMNS)
+    return pa.record_batch([pa.nulls(1, pa.binary()), one_value(message), _text(None)], names=APPEND_COLUMNS)
+
+
+def unshared(problem: str) -> pa.RecordBatch:
+    """An append task's row when it does not see the driver's local directories (it wrote nothing)."""
+    return pa.record_batch([pa.nulls(1, pa.binary()), _text(None), one_value(problem)], names=APPEND_COLUMNS)
 
 
 def written(name: str, objects: bytes) -> pa.RecordBatch:
     """A file-writing task's row for file ``name`` (``objects``: its pickled written objects)."""
-    return pa.record_batch([one_value(name), one_value(objects)], names=WRITTEN_COLUMNS)
+    return pa.record_batch([one_value(name), one_value(objects), _text(None)], names=WRITTEN_COLUMNS)
+
+
+def not_written(name: str, problem: str) -> pa.RecordBatch:
+    """A file-writing task's row for file ``name`` when it does not see the driver's local directories (it wrote
+    nothing of the file)."""
+    return pa.record_batch([one_value(name), pa.nulls(1, pa.binary()), one_value(problem)], names=WRITTEN_COLUMNS)
+
+
+def probed(problem: str | None) -> pa.RecordBatch:
+    """A probe task's row: what it does not see of the driver's local directories, or null."""
+    return pa.record_batch([_text(problem)], names=[UNSHARED_COLUMN])

@@ -7,7 +7,7 @@
 | :mod:`.limits` | how long keys may be on each store (what partition directories are checked against) |
 | :mod:`.objects` | the writer's interface: objects invisible until published (local temp file + rename, S3 multipart) |
 | :mod:`.multipart` | the S3 multipart upload protocol, listing and aborting uploads |
-| :mod:`.fencing` | writer terms, writers' records, per-term staging directories, fencing older writers |
+| :mod:`.fencing` | writer terms, writers' records, per-term staging directories and a run's marker, fencing |
 | :mod:`.visibility` | which objects of a file a reader sees (what recovery checks) |
 | :mod:`.garbage` | what dead, stalled or fenced writers left: temp files, uploads, records |
 | :mod:`.claim` | ``_filesink.json``: which sink writes to the output |
@@ -22,6 +22,7 @@ from .fencing import (
     ObjectRecord,
     fence_writers,
     forget_committed,
+    mark_staging,
     prepare_staging,
     records,
     release_staging,
@@ -55,6 +56,7 @@ __all__ = [
     "is_object_of",
     "is_shared_name",
     "list_objects",
+    "mark_staging",
     "object_key",
     "object_keys",
     "open_target",

@@ -46,7 +46,7 @@ from logstore.home import DurableHome
 from logstore.storage import Storage, ensure_dir, fsync_dir
 
 from ..errors import FencedError
-from .location import OutputLocation, filesystem
+from .location import SHARED_PREFIX, OutputLocation, filesystem
 from .multipart import abort_upload
 from .naming import is_object_of
 
@@ -201,10 +201,20 @@ def prepare_staging(output: OutputLocation, term: int) -> None:
         ensure_dir(term_staging(output, term))
 
 
+def mark_staging(output: OutputLocation, term: int, token: str) -> Path:
+    """Create the marker ``token`` names in the staging directory of ``term`` (local output): the file writers on
+    the executors look for it (:mod:`filesink.shared`). Returns its path."""
+    marker = term_staging(output, term) / f"{SHARED_PREFIX}{token}.tmp"
+    marker.touch(exist_ok=False)
+    return marker
+
+
 def release_staging(output: OutputLocation, term: int) -> None:
-    """Remove the (empty) staging directory of ``term`` once its writers are done."""
+    """Remove the staging directory of ``term`` once its writers are done (empty but for the run's marker)."""
     if output.is_local:
         try:
+            for marker in term_staging(output, term).glob(f"{SHARED_PREFIX}*.tmp"):
+                marker.unlink(missing_ok=True)
             term_staging(output, term).rmdir()
         except FileNotFoundError:
             pass

@@ -22,7 +22,15 @@ from pathlib import Path
 from logstore.storage import Storage
 
 from .fencing import FENCED_PREFIX, PREFIX, ObjectRecord, delete_records, parse_term_dir, records, staging, term_dir
-from .location import OUTPUT_STAGING, PROBE_PREFIX, OutputLocation, filesystem, remove_if_empty, upload_prefix
+from .location import (
+    OUTPUT_STAGING,
+    PROBE_PREFIX,
+    SHARED_PREFIX,
+    OutputLocation,
+    filesystem,
+    remove_if_empty,
+    upload_prefix,
+)
 from .multipart import abort_upload, list_uploads
 from .naming import is_file_name
 
@@ -32,7 +40,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class OutputGarbage:
     staging_temp_files: list[Path] = field(default_factory=list)
-    """Temp files in the staging directory (of older terms, or of writers before terms existed)."""
+    """Temp files in the staging directory (of older terms, or of writers before terms existed), and the markers of
+    older terms' runs (:data:`~filesink.output.location.SHARED_PREFIX`)."""
     staging_dirs: list[Path] = field(default_factory=list)
     """Fenced staging directories, emptied and removed."""
     uploads: list[tuple[str, str]] = field(default_factory=list)
@@ -46,7 +55,8 @@ class OutputGarbage:
 
 
 def _temp_file(path: Path) -> bool:
-    return path.is_file() and path.name.startswith((".part-", PROBE_PREFIX)) and path.name.endswith(".tmp")
+    named = path.name.startswith((".part-", PROBE_PREFIX, SHARED_PREFIX)) and path.name.endswith(".tmp")
+    return named and path.is_file()
 
 
 def remove_failed_attempts(output: OutputLocation, term: int, names: Collection[str], keys: Collection[str]) -> int:

@@ -24,6 +24,7 @@ from sink_helpers import _fs, append_epoch, batch_rows, needs_single_driver, rea
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.output.fencing import PREFIX, term_dir
+from filesink.output.location import SHARED_PREFIX
 from filesink.output.multipart import list_uploads
 from filesink.planner import plan
 from filesink.writer import write_file
@@ -39,7 +40,8 @@ def _leftovers(sink: ExactlyOnceParquetSink) -> list[str]:
     output = sink.output
     if output.is_local:
         staging = output.local_staging() / term_dir(sink.term)
-        return sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
+        found = staging.iterdir() if staging.is_dir() else []
+        return sorted(p.name for p in found if not p.name.startswith(SHARED_PREFIX))  # the run's marker stays
     fs = sink.log_store.storage.fs  # type: ignore[attr-defined]
     bucket, key, _ = fs.split_path(output.url)
     return sorted(k for k, _ in list_uploads(fs, bucket, key + "/"))

@@ -1,7 +1,8 @@
 """What the sink's Spark tasks run leaves pandas unimported (filesink.arrowvalues says why: 0.3 s of CPU and tens of MB
-in every Python worker). A fresh Python process, as a worker is, runs an append task's steps (the admission, the
-segment, its row for the driver, a refusal's row) and a file writer's (the file, its row), then reports which step
-imported pandas, if any; the rows it returns are checked here."""
+in every Python worker). A fresh Python process, as a worker is, runs an append task's steps (the check that it sees
+the driver's local directories, the admission, the segment, its row for the driver, a refusal's row, the row of a
+task that does not see them) and a file writer's (the file, its row, the row of a file not written), then reports
+which step imported pandas, if any; the rows it returns are checked here."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from filesink.admission import Admission
-from filesink.output import OutputLocation
+from filesink.output import OutputLocation, prepare_staging
 from filesink.output.limits import key_limits
+from filesink.shared import shared_dirs
 from filesink.writer import FileTask
 from logstore import LogStore, append_segment
 
@@ -43,21 +45,26 @@ from logstore import append_segment
 inputs = pickle.loads((work / "inputs.pkl").read_bytes())
 rows = pa.ipc.open_file(str(work / "rows.arrow")).read_all()
 step("start")
+assert inputs["shared"].problem() is None
+step("shared")
 admitted = inputs["admission"].admit(rows.to_batches())
 step("admission")
 descriptor = append_segment(inputs["target"], inputs["epoch"], admitted, writer_id="p0-a0")
 step("segment")
 out = [taskrows.appended(pickle.dumps(descriptor)), taskrows.refused("rows of batch 7: refused \udcff")]
+out.append(taskrows.unshared("not the driver's"))
 step("append rows")
 objects = write_file(inputs["output"], inputs["task"])
 step("file")
 out.append(taskrows.written(inputs["task"].name, pickle.dumps(objects)))
+out.append(taskrows.not_written("part-1", "not the driver's"))
 step("file row")
 with pa.ipc.new_file(str(work / "out.arrow"), out[0].schema) as w:
-    w.write_batch(out[0])
-    w.write_batch(out[1])
-with pa.ipc.new_file(str(work / "written.arrow"), out[2].schema) as w:
-    w.write_batch(out[2])
+    for batch in out[:3]:
+        w.write_batch(batch)
+with pa.ipc.new_file(str(work / "written.arrow"), out[3].schema) as w:
+    for batch in out[3:]:
+        w.write_batch(batch)
 print(json.dumps(steps))
 """
 
@@ -102,7 +109,12 @@ def test_the_tasks_leave_pandas_unimported(tmp_path, partition_by):
         output = OutputLocation(str(tmp_path / "out"))
         limits = key_limits(output) if parted else None
         admission = Admission(1, columns.serialize().to_pybytes(), partition_by, limits)
+        term = store.home.take_term(0)
+        prepare_staging(output, term)
+        shared = shared_dirs(store, output, term)
+        assert shared is not None and shared.log_nonce and shared.marker
         inputs = {"admission": admission, "target": store.target, "epoch": 1, "output": output, "task": task}
+        inputs["shared"] = shared
         (tmp_path / "inputs.pkl").write_bytes(pickle.dumps(inputs))
         with pa.ipc.new_file(str(tmp_path / "rows.arrow"), rows(500, 300, parted).schema) as w:
             w.write_table(rows(500, 300, parted))
@@ -112,17 +124,19 @@ def test_the_tasks_leave_pandas_unimported(tmp_path, partition_by):
         )
         assert done.returncode == 0, done.stderr
         steps = json.loads(done.stdout)
-        assert list(steps) == ["start", "admission", "segment", "append rows", "file", "file row"]
+        assert list(steps) == ["start", "shared", "admission", "segment", "append rows", "file", "file row"]
         imported = [name for name, has in steps.items() if has]
         assert imported == [], f"pandas was imported by the step(s) {imported}"
 
         appended = pa.ipc.open_file(str(tmp_path / "out.arrow")).read_all().to_pylist()
         descriptor = pickle.loads(appended[0]["descriptor"])
         assert (descriptor.epoch, descriptor.rows) == (1, 300)
-        assert appended[0]["refused"] is None
-        assert appended[1] == {"descriptor": None, "refused": "rows of batch 7: refused ?"}
+        assert appended[0]["refused"] is None and appended[0]["unshared"] is None
+        assert appended[1] == {"descriptor": None, "refused": "rows of batch 7: refused ?", "unshared": None}
+        assert appended[2] == {"descriptor": None, "refused": None, "unshared": "not the driver's"}
         written = pa.ipc.open_file(str(tmp_path / "written.arrow")).read_all().to_pylist()
-        assert [r["name"] for r in written] == ["part-0"]
+        assert [(r["name"], r["unshared"]) for r in written] == [("part-0", None), ("part-1", "not the driver's")]
+        assert written[1]["objects"] is None
         objects = pickle.loads(written[0]["objects"])
         assert sum(o.rows for o in objects) == 500
         if not parted:

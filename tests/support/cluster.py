@@ -6,6 +6,13 @@ beforehand, each worker with a few cores and modest memory and its work director
 returns the master URL once every worker is registered (the master's web UI serves its state as ``/json``).
 A cluster that does not come up raises :class:`SparkClusterError` with the daemons' logs.
 
+With ``private_dirs``, workers from index ``shared_workers`` on each run in a mount namespace of their own
+(``unshare --mount``), where a tmpfs is mounted over each of those directories before the worker starts: the worker,
+its executors and their Python workers see them empty, and what they write there stays in their namespace, as on a
+machine that does not share the driver's disk. That needs root and ``unshare`` (:func:`private_dirs_unavailable`
+says why not). ``/proc/<pid>/root/<path>`` shows a directory as a process of that namespace sees it
+(:meth:`SparkCluster.private_view`).
+
 Each daemon starts in a session of its own, which its executor JVMs and their Python workers inherit (the
 Python daemons change their process group, not their session), so ``stop()`` can end every process the
 cluster started, executors included. A daemon also gets SIGTERM if the test process dies without stopping
@@ -19,9 +26,11 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -78,6 +87,10 @@ class SparkCluster:
     daemon_memory: str = "256m"
     """Heap of the master and worker JVMs themselves (``SPARK_DAEMON_MEMORY``)."""
     start_timeout: float = 90.0
+    private_dirs: tuple[Path, ...] = ()
+    """Directories the isolated workers see as empty tmpfs mounts of their own (created if missing)."""
+    shared_workers: int = 0
+    """With ``private_dirs``: how many of the first workers see the driver's files (the others are isolated)."""
     master_url: str = ""
     web_url: str = ""
     _daemons: list[_Daemon] = field(default_factory=list)
@@ -113,21 +126,20 @@ class SparkCluster:
                 self.workdir / "logs" / "master.log",
             )
         )
+        for directory in self.private_dirs:
+            Path(directory).mkdir(parents=True, exist_ok=True)
         for i in range(self.workers):
             work = self.workdir / f"worker-{i}"
             work.mkdir(exist_ok=True)
             port, ui = ports[2 + 2 * i], ports[3 + 2 * i]
-            self._daemons.append(
-                _Daemon(
-                    f"worker-{i}",
-                    [
-                        *(spark_class, WORKER_CLASS, *_listen(port, ui)),
-                        *("--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work)),
-                        self.master_url,
-                    ],
-                    self.workdir / "logs" / f"worker-{i}.log",
-                )
-            )
+            command = [
+                *(spark_class, WORKER_CLASS, *_listen(port, ui)),
+                *("--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work)),
+                self.master_url,
+            ]
+            if self.isolated(i):
+                command = isolated(command, self.private_dirs)
+            self._daemons.append(_Daemon(f"worker-{i}", command, self.workdir / "logs" / f"worker-{i}.log"))
         env = self._environment(home)
         try:
             self._launch(self._daemons[0], env)
@@ -210,6 +222,22 @@ class SparkCluster:
 
     # -- looking at it ----------------------------------------------------------------------------------
 
+    def isolated(self, worker: int) -> bool:
+        """Whether worker ``worker`` (0, 1, ...) sees ``private_dirs`` as empty directories of its own."""
+        return bool(self.private_dirs) and worker >= self.shared_workers
+
+    def worker_pid(self, worker: int) -> int:
+        """The pid of the running worker ``worker``'s JVM (it runs in its own mount namespace if isolated)."""
+        daemon = self._daemons[1 + worker]
+        if daemon.process is None or daemon.process.poll() is not None:
+            raise SparkClusterError(f"{daemon.name} is not running")
+        return daemon.process.pid
+
+    def private_view(self, worker: int, path: Path) -> Path:
+        """``path`` as worker ``worker`` (and its executors) sees it: through ``/proc/<pid>/root``, which resolves
+        in that process's mount namespace."""
+        return Path(f"/proc/{self.worker_pid(worker)}/root") / Path(path).absolute().relative_to("/")
+
     def state(self) -> dict[str, Any]:
         """The master's state: ``aliveworkers``, ``workers``, ``activeapps``, ``completedapps``, ..."""
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
@@ -233,6 +261,34 @@ class SparkCluster:
         for log in sorted(self.workdir.glob("worker-*/app-*/*/std*")):
             parts.append(f"--- executor log {log.relative_to(self.workdir)}\n{_tail(log)}")
         return "\n".join(parts)
+
+
+def isolated(command: list[str], private_dirs: tuple[Path, ...]) -> list[str]:
+    """``command`` run in a mount namespace of its own with an empty tmpfs mounted over each of ``private_dirs``
+    (``unshare`` execs the shell, which execs ``command``: the pid stays the command's)."""
+    mounts = [f"mount -t tmpfs -o size=256m filesink-private {shlex.quote(str(d))}" for d in private_dirs]
+    script = " && ".join([*mounts, f"exec {shlex.join(command)}"])
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+
+
+def private_dirs_unavailable() -> str | None:
+    """Why workers cannot get private directories here (``private_dirs``), or None: it takes root (a tmpfs is
+    mounted), ``unshare`` (util-linux) and a kernel that lets this process make mount namespaces."""
+    if os.geteuid() != 0:
+        return "mounting a private tmpfs for a worker needs root"
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return "unshare and mount (util-linux) are not installed"
+    with tempfile.TemporaryDirectory(prefix="filesink-unshare-") as directory:
+        command = isolated(["sh", "-c", 'touch "$0"/seen', directory], (Path(directory),))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unshare failed: {e}"
+        if done.returncode != 0:
+            return f"unshare --mount with a tmpfs failed here ({done.stderr.strip() or done.returncode})"
+        if os.listdir(directory):
+            return "a tmpfs mounted under unshare --mount showed in this namespace"
+    return None
 
 
 def _listen(port: int, ui_port: int) -> list[str]:
