@@ -43,10 +43,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from logstore.storage import FsspecStorage, LocalStorage, LogLocation, PutAnswer, Storage
+
+from .delta_actions import checkpoint_actions, protocol_shape
 
 LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = "_last_checkpoint"
@@ -145,9 +146,9 @@ class LogState:
             if "txn" in action:
                 self.txns[str(action["txn"]["appId"])] = int(action["txn"]["version"])
             elif "protocol" in action:
-                self.protocol = dict(action["protocol"])
+                self.protocol = protocol_shape("protocol", action["protocol"])
             elif "metaData" in action:
-                self.metadata = dict(action["metaData"])
+                self.metadata = protocol_shape("metaData", action["metaData"])  # written back with a new column
                 self.metadata_at = version
         self.version = version
 
@@ -198,13 +199,6 @@ def unsupported(state: LogState) -> str | None:
     if schema and _has_invariants(json.loads(schema)):
         return "a column with an invariant (delta.invariants), which this writer does not check"
     return None
-
-
-def _rows(value: Any) -> dict[str, Any]:
-    """A map column's value as pyarrow gives it (a list of pairs) as a dict."""
-    if isinstance(value, list):
-        return {k: v for k, v in value}
-    return dict(value or {})
 
 
 class DeltaLog:
@@ -418,24 +412,14 @@ class DeltaLog:
             names = [f"{version:020d}.checkpoint.parquet"]
         state = LogState(version, checkpoint=version, metadata_at=version)
         for name in names:
-            for column, rows in self._columns(name, ("txn", "protocol", "metaData")).items():
-                for row in rows:
-                    if row is None:
-                        continue
-                    if column == "txn":
-                        state.txns[str(row["appId"])] = int(row["version"])
-                    elif column == "protocol":
-                        state.protocol = {k: v for k, v in row.items() if v is not None}
-                    else:
-                        state.metadata = dict(row)
-                        state.metadata["configuration"] = _rows(row.get("configuration"))
+            state.apply(version, self._actions(name, ("txn", "protocol", "metaData")))
         if not state.metadata or not state.protocol:
             raise UnsupportedLogError(f"{self.display(names[0])} holds no metaData or protocol action")
         return state
 
-    def _columns(self, name: str, columns: Sequence[str]) -> dict[str, list[Any]]:
-        """Some top-level columns of a checkpoint file, read alone (the ``add`` column, the table's file list, is
-        never decoded)."""
+    def _actions(self, name: str, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """The actions of some top-level columns of a checkpoint file, read alone (the ``add`` column, the table's
+        file list, is never decoded), in the protocol's JSON shapes (:mod:`.delta_actions`)."""
         try:
             if isinstance(self.storage, LocalStorage):
                 file = pq.ParquetFile(str(self.storage.root / name))
@@ -444,5 +428,4 @@ class DeltaLog:
         except FileNotFoundError:
             raise _Moved(f"{name} was gone when read") from None  # a clean-up after a newer checkpoint removed it
         present = [c for c in columns if c in file.schema_arrow.names]
-        table = file.read(columns=present)
-        return {c: table[c].filter(pc.is_valid(table[c])).to_pylist() for c in present}
+        return checkpoint_actions(file.read(columns=present))

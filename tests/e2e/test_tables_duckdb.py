@@ -132,3 +132,18 @@ def test_duckdb_reads_a_table_whose_schema_evolved(tmp_path, table_format, duckd
     assert answer["types"][:2] == ["BIGINT", "BIGINT" if widen else "INTEGER"]
     got = Counter((r[0], r[1], r[2]["x"], r[2]["y"], r[3]) for r in answer["rows"])
     assert got == expected
+
+
+def test_duckdb_reads_a_delta_table_whose_sinks_restarted_after_checkpoints(tmp_path, duckdb_python):
+    """A sink restarted after a checkpoint (its own, or delta-rs's after another writer's appends and compaction)
+    takes a new column each time (``delta_restarts.py``): DuckDB reads every row, the newest columns, and the empty
+    string's partition as null."""
+    pytest.importorskip("deltalake")
+    from delta_restarts import COLUMNS as RESTART_COLUMNS
+    from delta_restarts import write_restarted_table
+
+    written = write_restarted_table(tmp_path)
+    [answer] = _read(duckdb_python, [{"format": "delta", "location": str(tmp_path / "table")}])
+    assert answer["columns"] == RESTART_COLUMNS
+    assert answer["types"] == ["BIGINT", "BIGINT", "VARCHAR", "BIGINT", "VARCHAR", "DOUBLE"]
+    assert Counter(tuple(row) for row in answer["rows"]) == written.rows
