@@ -8,7 +8,7 @@ the server's: nothing is checked or created here, and the sink opens on the serv
   without it is read with the files' schemas merged by Spark (``mergeSchema``: new columns and struct fields; a
   widened type needs ``--schema``), in Spark's column order, and the sink compares it with its own at the first
   batch, on the server;
-- a new schema the sink takes is said in the server's log, not here;
+- a new schema the sink takes is not said here (``filesink recover status`` on the server shows the history);
 - progress shows the query's batches and rows, as the server reports them;
 - a stop (Ctrl-C, SIGTERM) stops the query; the server ends its ``foreachBatch`` process, and with it any batch in
   progress (as after a kill, the next start's recovery finishes or repeats it; nothing is lost);

@@ -44,13 +44,16 @@ class InputFiles:
     files: list[Path]
     merged: MergedInput | None
     """The union of the Parquet files' schemas (:func:`filesink.inputschema.merge_footers`); None for JSON and
-    CSV, or without files."""
+    CSV, without files, or when not asked for (a schema given)."""
 
 
-def check_input(directory: Path, fmt: str, *, fill_missing: bool = False, keep: tuple[str, ...] = ()) -> InputFiles:
+def check_input(
+    directory: Path, fmt: str, *, merge: bool = True, fill_missing: bool = False, keep: tuple[str, ...] = ()
+) -> InputFiles:
     """Raise :class:`InputError` unless ``directory`` is a readable directory whose files are all readable as
-    ``fmt`` (Parquet: a valid footer, and schemas the sink takes one after another in the order the files landed;
-    ``fill_missing`` and ``keep`` as :func:`filesink.inputschema.merge_footers` takes them)."""
+    ``fmt`` (Parquet: a valid footer, and unless ``merge`` is off (the schema is given), schemas the sink takes
+    one after another in the order the files landed; ``fill_missing`` and ``keep`` as
+    :func:`filesink.inputschema.merge_footers` takes them)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
     if not directory.exists():
@@ -72,6 +75,8 @@ def check_input(directory: Path, fmt: str, *, fill_missing: bool = False, keep: 
     if fmt != "parquet":
         return InputFiles(files, None)
     footers = [read_footer(path) for path in files]
+    if not merge:
+        return InputFiles(files, None)
     return InputFiles(files, merge_footers(footers, directory, fill_missing=fill_missing, keep=keep))
 
 

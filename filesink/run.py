@@ -107,7 +107,11 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         return run_remote(config, console, out)
     started = time.monotonic()
     found = check_input(
-        config.input, config.format, fill_missing=config.fill_missing_columns, keep=(*config.keys, *config.partition_by)
+        config.input,
+        config.format,
+        merge=not config.schema,  # a schema given is what the files are read with
+        fill_missing=config.fill_missing_columns,
+        keep=(*config.keys, *config.partition_by),
     )
     make_local_dir(config.state_dir, "the state directory (--state-dir)", create=False)
     make_local_dir(config.checkpoint_dir, "the checkpoint directory (--checkpoint)", create=False)

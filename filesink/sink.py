@@ -568,16 +568,18 @@ class ExactlyOnceParquetSink:
     def propose_schema(self, schema: pa.Schema) -> Proposed | None:
         """How batches whose files' Arrow ``schema`` is the given one would change the sink's schema, or the
         problems that would refuse them (:func:`filesink.schema_versions.propose`): for a check of input files before
-        Spark starts. None while no epoch is sealed. Records nothing."""
-        with self._lock:
-            self._check_usable()
+        Spark starts. None while no epoch is sealed. Records nothing. Under a Spark Connect client, where the sink's
+        state is on the server, it raises :class:`SinkOptionError`."""
+        sink = self._opened()
+        with sink._lock:
+            sink._check_usable()
             return propose(
-                self._ledger,
-                self._store.last_sealed_epoch,
+                sink._ledger,
+                sink._store.last_sealed_epoch,
                 schema,
-                fixed=(*(self.key_columns or ()), *self.partition_by),
-                fill_missing=self._description.fill_missing_columns,
-                destination=self._destination,
+                fixed=(*(sink.key_columns or ()), *sink.partition_by),
+                fill_missing=sink._description.fill_missing_columns,
+                destination=sink._destination,
             )
 
     def flush(self) -> None:

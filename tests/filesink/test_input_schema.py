@@ -80,6 +80,7 @@ def test_a_file_the_sink_would_refuse_is_named(tmp_path, later, words):
     assert f"the file {d / 'late.parquet'} changes the schema of the files that landed before it" in message
     assert "(first.parquet and 1 more)" in message and words in message
     assert "Nothing has been read or written yet" in message and "move late.parquet out of" in message
+    assert check_input(d, "parquet", merge=False).merged is None, "a schema given is what the files are read with"
 
 
 def test_a_missing_key_or_partition_column_is_never_filled(tmp_path):
