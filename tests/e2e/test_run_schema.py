@@ -125,9 +125,11 @@ def test_files_that_change_the_recorded_type_are_refused_before_spark(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_new_columns_and_wider_types_are_taken_at_the_next_batch(tmp_path):
-    """Files of schema A are landed; then a file adds ``x`` and a later one widens ``n`` (int to bigint) and ``f``
-    (float to double): the next run reads every file with the union, the sink takes it at its batch and the run
-    says so; a restart reads the directory the same way (no new schema) and takes a newer file."""
+    """Files of schema A are landed; then one more of schema A, a file that adds ``x`` and a later one that widens
+    ``n`` (int to bigint) and ``f`` (float to double): the next run reads the new files with the union (Spark's
+    streaming file source gives nulls where a file lacks a column, and widens a narrower one), the sink takes it at
+    its batch and the run says so; a restart reads the directory the same way (no new schema) and takes a newer
+    file."""
     landing = tmp_path / "in"
     now = time.time() - 3600
     expected = Counter(_land(landing, "in-000.parquet", _columns(0, 200, pa.int32(), pa.float32(), False), now))
@@ -138,18 +140,20 @@ def test_new_columns_and_wider_types_are_taken_at_the_next_batch(tmp_path):
     assert "schema:" not in proc.stderr, "the first schema is no change"
     assert _output(tmp_path / "out") == expected
 
-    expected.update(_land(landing, "in-002.parquet", _columns(2, 150, pa.int32(), pa.float32(), True), now + 2))
-    expected.update(_land(landing, "in-003.parquet", _columns(3, 150, pa.int64(), pa.float64(), True), now + 3))
+    # One batch reads all three: the file of schema A with nulls for x and its ints and floats widened.
+    expected.update(_land(landing, "in-002.parquet", _columns(2, 100, pa.int32(), pa.float32(), False), now + 2))
+    expected.update(_land(landing, "in-003.parquet", _columns(3, 150, pa.int32(), pa.float32(), True), now + 3))
+    expected.update(_land(landing, "in-004.parquet", _columns(4, 150, pa.int64(), pa.float64(), True), now + 4))
     proc = filesink(*run_args(tmp_path, "--available-now"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "done: 300 rows in (1 batch)" in proc.stdout
+    assert "done: 400 rows in (1 batch)" in proc.stdout
     said = [line for line in proc.stderr.splitlines() if line.startswith("schema:")]
     assert said == [
         "schema: the sink took `n` widened from int to bigint, `f` widened from float to double, new column `x` "
         "(bigint) at batch 1 (schema version 2)"
     ], proc.stderr[-3000:]
     assert _output(tmp_path / "out") == expected
-    assert sum(1 for row in expected.elements() if row[-1] is None) == 400, "the old rows have no x"
+    assert sum(1 for row in expected.elements() if row[-1] is None) == 500, "the rows of schema A have no x"
 
     status = filesink("recover", "status", "--state-dir", str(tmp_path / "state"), "--json")
     assert status.returncode == 0, status.stderr[-2000:]
@@ -157,7 +161,7 @@ def test_new_columns_and_wider_types_are_taken_at_the_next_batch(tmp_path):
     assert [v["version"] for v in history] == [1, 2]
     assert [c for c, _ in history[-1]["columns"]] == [*BASE, "x"], "the sink's order, then x"
 
-    expected.update(_land(landing, "in-004.parquet", _columns(4, 100, pa.int64(), pa.float64(), True), now + 4))
+    expected.update(_land(landing, "in-005.parquet", _columns(5, 100, pa.int64(), pa.float64(), True), now + 5))
     proc = filesink(*run_args(tmp_path, "--available-now"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "done: 100 rows in (1 batch)" in proc.stdout
