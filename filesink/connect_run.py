@@ -4,7 +4,11 @@ This process is a thin client. Every path it is given (input, output, state dire
 the server's: nothing is checked or created here, and the sink opens on the server at its first batch (see
 :mod:`filesink.description`). What differs from a run on local or classic Spark:
 
-- JSON and CSV input need ``--schema`` (the schema the sink recorded is in its state, on the server);
+- JSON and CSV input need ``--schema`` (the schema the sink recorded is in its state, on the server); Parquet input
+  without it is read with the files' schemas merged by Spark (``mergeSchema``: new columns and struct fields; a
+  widened type needs ``--schema``), in Spark's column order, and the sink compares it with its own at the first
+  batch, on the server;
+- a new schema the sink takes is not said here (``filesink recover status`` on the server shows the history);
 - progress shows the query's batches and rows, as the server reports them;
 - a stop (Ctrl-C, SIGTERM) stops the query; the server ends its ``foreachBatch`` process, and with it any batch in
   progress (as after a kill, the next start's recovery finishes or repeats it; nothing is lost);
@@ -89,7 +93,7 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
     spark = connect_session(config)  # first: a sink made in a Connect client is a description, opened by the server
     try:
         sink = make_sink(config, config.storage_options())
-        schema = config.schema or input_reader(spark, config, streaming=False).load(str(config.input)).schema
+        schema = config.schema or merged_schema(spark, config)
         stream = input_reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         sink.check_schema(stream.schema)
         writer = stream_writer(stream, sink, config)
@@ -133,6 +137,25 @@ def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = pri
     finally:
         spark.stop()
     return EXIT_OK
+
+
+def merged_schema(spark: Any, config: RunConfig) -> Any:
+    """The Parquet input's schema as Spark merges the files' (``mergeSchema``), or :class:`InputError` saying to give
+    ``--schema`` where Spark cannot merge them (a type widened between files)."""
+    from .runquery import spark_error_summary
+
+    try:
+        return input_reader(spark, config, streaming=False).option("mergeSchema", "true").load(str(config.input)).schema
+    except Exception as e:
+        if "CANNOT_MERGE" not in str(e):
+            raise
+        detail = "; ".join(spark_error_summary(e))
+        raise InputError(
+            f"the Parquet files in {config.input} have schemas Spark does not merge ({detail}). Under Spark Connect "
+            "the files' schemas are merged by Spark, which takes new columns and struct fields but no wider type: "
+            "give the input's schema with --schema, in its widest types (for example --schema 'id bigint, n "
+            "bigint'); older files are read with it, their values widened."
+        ) from None
 
 
 def _server(url: str | None) -> str:

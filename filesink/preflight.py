@@ -2,7 +2,7 @@
 names the file, directory or endpoint, and before anything is written.
 
 - :func:`check_input`: the landing directory exists and each file in it can be read; Parquet footers are read
-  and their schemas compared with each other.
+  and their schemas merged in the order the files landed, by the sink's rules (:mod:`filesink.inputschema`).
 - :func:`check_s3` (:mod:`filesink.output.probe`): an ``s3://`` location's endpoint answers, accepts the
   credentials and has the bucket.
 - :func:`check_master`: a ``spark://`` master accepts connections.
@@ -13,15 +13,16 @@ names the file, directory or endpoint, and before anything is written.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from logstore.storage import ensure_dir
 
 from .errors import InputError, SinkOptionError, SparkMasterError
+from .inputschema import MergedInput, merge_footers, read_footer
 from .output import check_s3
 
-__all__ = ["FORMATS", "check_input", "check_master", "check_s3", "input_files", "make_local_dir"]
+__all__ = ["FORMATS", "InputFiles", "check_input", "check_master", "check_s3", "input_files", "make_local_dir"]
 
 FORMATS = ("parquet", "json", "csv")
 
@@ -36,11 +37,23 @@ def input_files(directory: Path) -> list[Path]:
     return found
 
 
-def check_input(directory: Path, fmt: str) -> list[Path]:
-    """Raise :class:`InputError` unless ``directory`` is a readable directory whose files are all readable as
-    ``fmt`` (Parquet: a valid footer, and one schema across files). Returns the files found (maybe none)."""
-    import pyarrow.parquet as pq
+@dataclass(frozen=True)
+class InputFiles:
+    """What :func:`check_input` found: the files, and for Parquet their schemas merged."""
 
+    files: list[Path]
+    merged: MergedInput | None
+    """The union of the Parquet files' schemas (:func:`filesink.inputschema.merge_footers`); None for JSON and
+    CSV, without files, or when not asked for (a schema given)."""
+
+
+def check_input(
+    directory: Path, fmt: str, *, merge: bool = True, fill_missing: bool = False, keep: tuple[str, ...] = ()
+) -> InputFiles:
+    """Raise :class:`InputError` unless ``directory`` is a readable directory whose files are all readable as
+    ``fmt`` (Parquet: a valid footer, and unless ``merge`` is off (the schema is given), schemas the sink takes
+    one after another in the order the files landed; ``fill_missing`` and ``keep`` as
+    :func:`filesink.inputschema.merge_footers` takes them)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
     if not directory.exists():
@@ -50,7 +63,6 @@ def check_input(directory: Path, fmt: str) -> list[Path]:
     if not os.access(directory, os.R_OK | os.X_OK):
         raise InputError(f"the input directory {directory} cannot be read (permission denied)")
     files = input_files(directory)
-    first: tuple[Path, Any] | None = None
     for path in files:
         try:
             with open(path, "rb") as f:
@@ -60,27 +72,12 @@ def check_input(directory: Path, fmt: str) -> list[Path]:
                 f"the input file {path} cannot be read: {e.strerror or e}. Fix its permissions or move it out "
                 "of the input directory; nothing has been read or written yet."
             ) from e
-        if fmt != "parquet":
-            continue
-        try:
-            schema = pq.read_schema(path)
-        except Exception as e:
-            raise InputError(
-                f"the input file {path} is not a readable Parquet file ({e}). Move it out of the input directory "
-                "(or fix it) and run again; nothing has been read or written yet."
-            ) from e
-        if first is None:
-            first = (path, schema)
-        elif not schema.equals(first[1]):
-            raise InputError(
-                f"schema mismatch in the input: {path} has {_describe(schema)}, but {first[0]} has "
-                f"{_describe(first[1])}. A sink keeps one schema: move the odd files to another input directory."
-            )
-    return files
-
-
-def _describe(schema: Any) -> str:
-    return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
+    if fmt != "parquet":
+        return InputFiles(files, None)
+    footers = [read_footer(path) for path in files]
+    if not merge:
+        return InputFiles(files, None)
+    return InputFiles(files, merge_footers(footers, directory, fill_missing=fill_missing, keep=keep))
 
 
 def check_master(url: str, timeout: float = 5.0) -> None:

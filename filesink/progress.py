@@ -3,7 +3,7 @@
 :func:`held` reads the state database through a read-only log store of its own
 (:meth:`logstore.LogStore.open_existing`; the database is in WAL mode, so this never waits for the sink's
 transactions). :class:`Progress` shows a live panel on a terminal
-and one line per new epoch otherwise (logs, CI).
+and one line per new epoch otherwise (logs, CI); either way, a line for each new schema the sink takes.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ class Progress:
         self._live: Any = None
         self._printed_epoch = stats.last_epoch
         self._printed_files = 0
+        self._printed_schemas = 0
 
     def __enter__(self) -> Progress:
         if self.console.is_terminal:
@@ -126,7 +127,12 @@ class Progress:
             self._live.__exit__(*exc)
 
     def update(self) -> None:
-        """Refresh the panel, or print a line if an epoch or a file was added since the last line."""
+        """Print a line for each schema the sink took since the last update; refresh the panel, or print a line if
+        an epoch or a file was added since the last line."""
+        taken = self.stats.schema_changes[self._printed_schemas :]
+        self._printed_schemas += len(taken)
+        for change in taken:
+            self.console.print(change.line(), highlight=False, soft_wrap=True)
         if self._live is not None:
             self._live.update(self._panel())
             return

@@ -1,9 +1,11 @@
 """``filesink run``: stream a landing directory of Parquet, JSON or CSV files through the exactly-once sink.
 
-The order of work: check the input directory and any S3 location (seconds, before Spark starts); open the
-sink (takes the state directory's lock and runs recovery); start Spark and learn the input schema (the one
-the sink recorded, for JSON and CSV; the files' own, for Parquet) and compare it with the sink's; start the
-query; show progress until the input is drained (``--available-now``) or a stop is asked for.
+The order of work: check the input directory (Parquet: the files' schemas merged by the sink's rules,
+:mod:`filesink.inputschema`) and any S3 location (seconds, before Spark starts); open the sink (takes the state
+directory's lock and runs recovery) and compare the files' merged schema with the sink's; start Spark and learn the
+input schema (the one the sink recorded, for JSON and CSV; the merged one, for Parquet) and compare it with the
+sink's; start the query; show progress, and each new schema the sink takes, until the input is drained
+(``--available-now``) or a stop is asked for.
 
 Stopping (Ctrl-C or SIGTERM) waits for the batch in progress, stops the query, and says what the log store
 still holds; the next run writes it. A second Ctrl-C ends the process at once, which is safe too: recovery at
@@ -30,6 +32,7 @@ from logstore.store import REBUILD_NOTICE
 from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_OK, InputError
+from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
 from .preflight import check_input, check_master, check_s3, make_local_dir
 from .progress import Progress, committed_line, held, plural, recovered_commits, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
@@ -94,9 +97,12 @@ def quiet_spark_start(local: bool) -> None:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, have_files: bool) -> Any:
+def input_schema(
+    spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, have_files: bool, merged: MergedInput | None = None
+) -> Any:
     """The schema to read the input with: ``--schema``; else, for JSON and CSV, the one the sink recorded (so
-    that a restart reads the files the same way); else the one Spark infers from the files there now."""
+    that a restart reads the files the same way); else, for Parquet, the files' schemas merged by the sink's rules
+    (:mod:`filesink.inputschema`), each column as Spark reads it from the newest file that has it."""
     if config.schema:
         return config.schema
     recorded = sink.recorded_spark_schema()
@@ -107,6 +113,8 @@ def input_schema(spark: Any, config: RunConfig, sink: ExactlyOnceParquetSink, ha
             f"the input directory {config.input} has no files yet to learn the schema from: add one, or give the "
             "schema with --schema (for example --schema 'id bigint, name string')"
         )
+    if merged is not None:
+        return spark_schema(merged, lambda path: input_reader(spark, config, streaming=False).load(path))
     return input_reader(spark, config, streaming=False).load(str(config.input)).schema
 
 
@@ -118,10 +126,16 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
 
         return run_remote(config, console, out)
     started = time.monotonic()
-    files = check_input(config.input, config.format)
+    found = check_input(
+        config.input,
+        config.format,
+        merge=not config.schema,  # a schema given is what the files are read with
+        fill_missing=config.fill_missing_columns,
+        keep=(*config.keys, *config.partition_by),
+    )
     make_local_dir(config.state_dir, "the state directory (--state-dir)", create=False)
     make_local_dir(config.checkpoint_dir, "the checkpoint directory (--checkpoint)", create=False)
-    replay = check_replay(config.checkpoint_dir, files, config.drop_missing_input)
+    replay = check_replay(config.checkpoint_dir, found.files, config.drop_missing_input)
     config.log_store = config.log_store or LogStore.recorded_location(config.state_dir)
     options = config.storage_options()
     if not is_local(config.output):
@@ -137,10 +151,12 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         _report_recovery(sink, out)
         for notice in replay.notices:
             out(notice)
+        merged = found.merged and check_against_sink(found.merged, sink, config.input)  # before Spark starts
         spark = spark_session(config)
         spark.sparkContext.setLogLevel("FATAL")  # failures are reported below, without Spark's stack traces
-        schema = input_schema(spark, config, sink, bool(files))
+        schema = input_schema(spark, config, sink, bool(found.files), merged)
         stream = input_reader(spark, config, streaming=True).schema(schema).load(str(config.input))
+        stream = in_sink_order(stream, [name for name, _ in sink.recorded_spark_schema() or []])
         sink.check_schema(stream.schema)
         batches = Batches(sink)
         writer = stream_writer(stream, batches, config)

@@ -19,7 +19,7 @@ import pyarrow as pa
 from logstore import NOTHING
 
 from .errors import SchemaMismatchError
-from .evolution import evolve
+from .evolution import Change, Evolution, evolve
 from .schema import arrow_schema_of, file_schema, schema_problems, spark_schema_json
 
 if TYPE_CHECKING:
@@ -37,6 +37,37 @@ class NewVersion:
     """The files' schema from this version on."""
     first_epoch: int
     changes: tuple[str, ...]
+    taken: tuple[Change, ...] = ()
+    """The changes, as :func:`filesink.evolution.evolve` found them (``changes`` is their text, as recorded)."""
+
+
+@dataclass(frozen=True)
+class SchemaTaken:
+    """A new schema version a sink took at a batch (:attr:`filesink.sink.SinkStats.schema_changes`)."""
+
+    epoch: int
+    version: int
+    changes: tuple[Change, ...]
+
+    def line(self) -> str:
+        """``schema: the sink took new column `x` (bigint), `n` widened from int to bigint at batch 3 (version
+        2)``: for progress displays."""
+        said = []
+        for c in self.changes:
+            if c.kind == "added":
+                said.append(f"new {'field' if '.' in c.column else 'column'} `{c.column}` ({c.new})")
+            else:
+                said.append(f"`{c.column}` widened from {c.old} to {c.new}")
+        what = ", ".join(said) or "a new column order"
+        return f"schema: the sink took {what} at batch {self.epoch} (schema version {self.version})"
+
+
+TAKEN = (
+    "The sink takes new nullable columns and struct fields, wider types (tinyint to smallint to int to bigint, float "
+    "to double, a decimal's precision up at the same scale) and columns becoming nullable; anything else needs a new "
+    "sink (new state directory, log store and output)."
+)
+"""What the sink takes, said after each refusal of a schema (of a batch, or of ``filesink run``'s input)."""
 
 
 def check_batch_schema(
@@ -82,10 +113,7 @@ def check_batch_schema(
     if problems:
         raise SchemaMismatchError(
             f"batch {'' if epoch is None else f'{epoch} '}changes the sink's schema (version {history[-1].version}) "
-            f"in a way the sink does not take: {'; '.join(problems)}. Nothing of this batch was written. The sink "
-            "takes new nullable columns and struct fields, wider types (tinyint to smallint to int to bigint, float "
-            "to double, a decimal's precision up at the same scale) and columns becoming nullable; anything else "
-            "needs a new sink (new state directory, log store and output)."
+            f"in a way the sink does not take: {'; '.join(problems)}. Nothing of this batch was written. {TAKEN}"
         )
     return NewVersion(
         current,
@@ -93,7 +121,53 @@ def check_batch_schema(
         bytes(evolution.schema.serialize().to_pybytes()),
         first,
         tuple(str(c) for c in evolution.changes),
+        evolution.changes,
     )
+
+
+@dataclass(frozen=True)
+class Proposed:
+    """How a schema compares with the sink's (:func:`propose`), before anything of it is read."""
+
+    recorded: pa.Schema
+    """The files' schema of the newest version a sealed epoch uses."""
+    version: int
+    evolution: Evolution
+    """:func:`filesink.evolution.evolve` of ``recorded`` and the schema, with the table format's refusals among
+    its problems."""
+
+
+def propose(
+    ledger: Ledger,
+    last_sealed: int,
+    schema: pa.Schema,
+    *,
+    fixed: tuple[str, ...],
+    fill_missing: bool,
+    destination: Destination,
+) -> Proposed | None:
+    """Compare the files' Arrow ``schema`` of batches to come (as :func:`filesink.schema.file_schema` makes it) with
+    the sink's, as :func:`check_batch_schema` will compare their Spark schema: the sink's columns a batch lacks are
+    filled when the sink fills them (never ``fixed`` ones). None while no epoch is sealed (any schema is taken)."""
+    history = ledger.schema_history()
+    if not history or last_sealed == NOTHING:
+        return None
+    established = [v for v in history if v.first_epoch <= last_sealed] or history[:1]
+    latest = established[-1]
+    stored = latest.arrow_schema
+    if stored is None and latest is history[-1]:
+        stored = ledger.arrow_schema()
+    recorded = pa.ipc.read_schema(pa.py_buffer(stored)) if stored is not None else _converted(latest, "UTC")
+    if recorded is None:
+        return None
+    if fill_missing:
+        lacking = [f for f in recorded if f.name not in schema.names and f.name not in fixed]
+        schema = pa.schema([*schema, *lacking], metadata=schema.metadata)
+    evolution = evolve(recorded, schema, fixed=fixed)
+    if not evolution.problems:
+        more = tuple(destination.evolution_problems(evolution.changes))
+        evolution = Evolution(evolution.schema, evolution.changes, more)
+    return Proposed(recorded, latest.version, evolution)
 
 
 def _converted(version: SchemaVersion, zone: str) -> pa.Schema | None:

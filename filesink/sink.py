@@ -95,7 +95,15 @@ from .schema import (
     unhashable_reason,
     unwritable_columns,
 )
-from .schema_versions import NewVersion, check_batch_schema, fill_missing_columns, filled_schema
+from .schema_versions import (
+    NewVersion,
+    Proposed,
+    SchemaTaken,
+    check_batch_schema,
+    fill_missing_columns,
+    filled_schema,
+    propose,
+)
 from .shared import SharedDirs, on_cluster, probe, shared_dirs
 from .shared import refusal_message as unshared_message
 from .sizing import RESAMPLE_GROWTH, Sample, sample_ratio
@@ -141,6 +149,8 @@ class SinkStats:
     objects: int = 0
     """Parquet objects of the files committed: a file of a partitioned output is one object per partition
     directory it has rows for, else one object."""
+    schema_changes: list[SchemaTaken] = field(default_factory=list)
+    """The new schema versions recorded, in order: the batch that brought each and what it changed."""
 
     @property
     def files_committed(self) -> int:
@@ -566,6 +576,23 @@ class ExactlyOnceParquetSink:
                 schema = filled_schema(schema, self._ledger, (*(self.key_columns or ()), *self.partition_by))
             self._check_schema(schema)
 
+    def propose_schema(self, schema: pa.Schema) -> Proposed | None:
+        """How batches whose files' Arrow ``schema`` is the given one would change the sink's schema, or the
+        problems that would refuse them (:func:`filesink.schema_versions.propose`): for a check of input files before
+        Spark starts. None while no epoch is sealed. Records nothing. Under a Spark Connect client, where the sink's
+        state is on the server, it raises :class:`SinkOptionError`."""
+        sink = self._opened()
+        with sink._lock:
+            sink._check_usable()
+            return propose(
+                sink._ledger,
+                sink._store.last_sealed_epoch,
+                schema,
+                fixed=(*(sink.key_columns or ()), *sink.partition_by),
+                fill_missing=sink._description.fill_missing_columns,
+                destination=sink._destination,
+            )
+
     def flush(self) -> None:
         """Write everything the log store holds now (for example after an available-now run).
 
@@ -801,6 +828,8 @@ class ExactlyOnceParquetSink:
         except BaseException:
             self._store.discard(version.first_epoch, descriptors)
             raise
+        latest = self._ledger.schema_history()[-1].version
+        self.stats.schema_changes.append(SchemaTaken(version.first_epoch, latest, version.taken))
         log.info(
             "the sink for %s takes a new schema from batch %d: %s",
             self.path,

@@ -25,6 +25,7 @@ TOP = {
     "filesink.cli",
     "filesink.progress",
     "filesink.preflight",
+    "filesink.inputschema",
     "filesink.__main__",
 }
 """The layer above recovery: the sink object (it runs recovery at start-up; the package's ``__init__`` is its public

@@ -206,3 +206,35 @@ def test_filesink_run_remote_refuses_json_without_a_schema_and_master_with_remot
     assert proc.returncode == 2 and "Spark Connect URL" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "state").exists() and not (tmp_path / "out").exists()
     assert "SPARK_REMOTE" not in os.environ
+
+
+@pytest.mark.slow
+def test_filesink_run_remote_takes_a_new_column_and_asks_for_a_schema_for_another_type(connect_url, tmp_path):
+    """Parquet input through Spark Connect is read with Spark's ``mergeSchema``: a file with a new column is taken
+    at the next run's batch (older rows null there); a column whose type differs between files (a float beside
+    the double), which Spark does not merge, stops the run before its query, saying to give --schema."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    expected = _input(tmp_path, files=1)
+    proc = _filesink_run(tmp_path, remote=connect_url)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    new = {"id": [9_000_000 + i for i in range(50)], "user_id": list(range(50)), "event_date": ["2024-02-01"] * 50}
+    new |= {"amount": [i / 4 for i in range(50)], "x": [f"x{i}" for i in range(50)]}
+    pq.write_table(pa.table(new), tmp_path / "in" / "with-x.parquet")
+    proc = _filesink_run(tmp_path, remote=connect_url)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "done: 50 rows in 1 batch" in proc.stdout, proc.stdout
+    found = ds.dataset(tmp_path / "out", format="parquet")
+    union = pa.unify_schemas([f.physical_schema for f in found.get_fragments()])
+    table = ds.dataset(tmp_path / "out", schema=union, format="parquet").to_table()
+    columns = ["id", "user_id", "event_date", "amount", "x"]
+    got = Counter(zip(*(table[c].to_pylist() for c in columns), strict=True))
+    assert got == Counter([(*r, None) for r in expected.elements()] + list(zip(*new.values(), strict=True)))
+
+    pq.write_table(pa.table({**new, "amount": pa.array(new["amount"], pa.float32())}), tmp_path / "in" / "f.parquet")
+    proc = _filesink_run(tmp_path, remote=connect_url)
+    assert proc.returncode == 1, proc.stderr[-5000:]
+    assert "have schemas Spark does not merge" in proc.stderr and "--schema" in proc.stderr, proc.stderr[-5000:]
+    assert "Traceback" not in proc.stderr
