@@ -13,6 +13,7 @@ names the file, directory or endpoint, and before anything is written.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +126,42 @@ def make_local_dir(path: Path, what: str, *, create: bool = True) -> None:
             f"{what} {path} cannot be created: {e.strerror or e}. Nothing was written. Check the permissions of "
             f"{path.parent} (or create {path} yourself) and start again."
         ) from e
+
+
+def ddl_columns(ddl: str) -> list[str]:
+    """The top-level column names of a schema in Spark's DDL (``id bigint, `my col` string, s struct<a:int>``)."""
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(ddl + ","):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            field = ddl[start:i].strip()
+            start = i + 1
+            if field.startswith("`"):
+                names.append(field[1 : field.index("`", 1)])
+            elif field:
+                names.append(field.split()[0].rstrip(":"))
+    return names
+
+
+def check_named_columns(columns: Sequence[str], keys: Sequence[str], partition_by: Sequence[str], source: str) -> None:
+    """Raise :class:`SinkOptionError` if ``--key`` or ``--partition-by`` names a column the input does not have
+    (``columns``, read from ``source``): refused before Spark starts and before the sink's state is created."""
+    import difflib
+
+    for option, names in (("--partition-by", partition_by), ("--key", keys)):
+        unknown = [n for n in names if n not in columns]
+        if not unknown:
+            continue
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, columns, n=1) or [c for c in columns if c.lower() == name.lower()]
+            if close:
+                hints.append(f"did you mean {option} {close[0]}?")
+        raise SinkOptionError(
+            f"{option} {' '.join(unknown)}: the input has no column {', '.join(unknown)} (its columns, from "
+            f"{source}: {', '.join(columns)}). {' '.join(hints)} Nothing was created or written: give columns of the "
+            "input, and the same ones at every run."
+        )

@@ -33,7 +33,7 @@ from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_OK, InputError
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
-from .preflight import check_input, check_master, check_s3, make_local_dir
+from .preflight import check_input, check_master, check_named_columns, check_s3, ddl_columns, make_local_dir
 from .progress import Progress, committed_line, held, plural, recovered_commits, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
@@ -136,6 +136,11 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
     make_local_dir(config.state_dir, "the state directory (--state-dir)", create=False)
     make_local_dir(config.checkpoint_dir, "the checkpoint directory (--checkpoint)", create=False)
     replay = check_replay(config.checkpoint_dir, found.files, config.drop_missing_input)
+    if config.schema:
+        check_named_columns(ddl_columns(config.schema), config.keys, config.partition_by, "--schema")
+    elif found.merged is not None:
+        names = found.merged.schema.names
+        check_named_columns(names, config.keys, config.partition_by, "the Parquet files' footers")
     config.log_store = config.log_store or LogStore.recorded_location(config.state_dir)
     options = config.storage_options()
     if not is_local(config.output):

@@ -145,6 +145,27 @@ def test_an_s3_endpoint_that_never_answers_fails_the_preflight_in_about_half_a_m
     assert "s3cr3t-never-printed" not in proc.stderr + proc.stdout
 
 
+def test_a_mistyped_key_or_partition_column_is_refused_before_spark(tmp_path):
+    """From the Parquet footers, or from --schema: in seconds, naming the column and the nearest one, leaving no
+    state directory (and no claim) behind."""
+    _write(tmp_path / "in", 0)
+    args = _args(tmp_path)
+    args[args.index("--partition-by") + 1] = "evnt_date"
+    started = time.monotonic()
+    proc = filesink(*args)
+    _refused(tmp_path, proc, "--partition-by evnt_date: the input has no column evnt_date", "did you mean")
+    assert "--partition-by event_date?" in proc.stderr and "the Parquet files' footers" in proc.stderr
+    assert time.monotonic() - started < 30, "refused before Spark starts"
+    args = _args(tmp_path, "--format", "json", "--schema", "id bigint, `user id` bigint, s struct<a:int, b:int>")
+    (tmp_path / "in" / "in-000.parquet").unlink()
+    proc = filesink(*args)
+    _refused(tmp_path, proc, "--partition-by event_date: the input has no column", "id, user id, s")
+    args = _args(tmp_path, "--format", "json", "--schema", "id bigint, user_id bigint, event_date string")
+    args[args.index("--key") + 1] = "user"
+    proc = filesink(*args)
+    _refused(tmp_path, proc, "--key user: the input has no column user", "did you mean --key user_id?")
+
+
 def test_unreachable_spark_master(tmp_path):
     _write(tmp_path / "in", 0)
     port = _closed_port()
