@@ -82,7 +82,8 @@ def test_any_other_query_failure_gets_the_input_advice(tmp_path):
     config = RunConfig(input=tmp_path / "in", format="json", output=str(tmp_path / "out"), state_dir=tmp_path / "s")
     said: list[str] = []
     assert report_failure(RuntimeError("[FAILED_READ_FILE] a.json"), None, config, said.append) == EXIT_FAILED
-    assert "replace a malformed file in" in said[0] and "Another streaming query" not in said[0], said
+    assert f"replace the file in {config.input} that failed with a corrected copy under the same name" in said[0]
+    assert "--drop-missing-input FILE" in said[0] and "Another streaming query" not in said[0], said
 
 
 def _main_usage_error(capsys, argv: list[str]) -> str:
