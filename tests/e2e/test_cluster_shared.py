@@ -140,7 +140,7 @@ def test_a_local_log_store_the_executors_do_not_share_is_refused_before_the_firs
     assert _isolated_view(cluster, private) == [], "the executor that does not share the disk wrote nothing"
 
 
-@pytest.mark.slow
+@pytest.mark.chaos  # the default tier's time; the default tier keeps a test of the same check
 @pytest.mark.timeout(600)
 def test_a_local_output_the_executors_do_not_share_is_refused_before_any_file(
     split_cluster, input_dir, s3_server, s3_prefix, s3_options
@@ -172,7 +172,7 @@ def test_a_local_output_the_executors_do_not_share_is_refused_before_any_file(
     assert _isolated_view(cluster, private) == [], "the executor that does not share the disk wrote nothing"
 
 
-@pytest.mark.slow
+@pytest.mark.chaos  # the default tier's time; the default tier keeps a test of the same check
 @pytest.mark.timeout(600)
 def test_local_directories_both_executors_share_pass_the_check(split_cluster, input_dir, tmp_path):
     """The same cluster, the state and output where both workers see the driver's files: every row once."""

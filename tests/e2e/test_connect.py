@@ -208,7 +208,7 @@ def test_filesink_run_remote_refuses_json_without_a_schema_and_master_with_remot
     assert "SPARK_REMOTE" not in os.environ
 
 
-@pytest.mark.slow
+@pytest.mark.chaos  # the default tier's time; the default tier keeps a test of the same check
 def test_filesink_run_remote_takes_a_new_column_and_asks_for_a_schema_for_another_type(connect_url, tmp_path):
     """Parquet input through Spark Connect is read with Spark's ``mergeSchema``: a file with a new column is taken
     at the next run's batch (older rows null there); a column whose type differs between files (a float beside

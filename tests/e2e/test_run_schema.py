@@ -169,7 +169,7 @@ def test_new_columns_and_wider_types_are_taken_at_the_next_batch(tmp_path):
     assert _output(tmp_path / "out") == expected
 
 
-@pytest.mark.slow
+@pytest.mark.chaos  # the default tier's time; the default tier keeps a test of the same check
 @pytest.mark.timeout(600)
 def test_a_json_schema_with_a_new_column_in_another_order_keeps_the_sinks_order(tmp_path):
     """JSON read with ``--schema``: a later ``--schema`` that adds a column and lists the columns in another order
