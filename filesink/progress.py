@@ -89,7 +89,7 @@ def committed_line(sizes: list[int], objects: int | None = None, recovered: int 
 
 def rows_line(stats: SinkStats) -> str:
     """``12,000 rows in (3 batches)``, and the batches Spark ran again whose rows the log store already held."""
-    return f"{stats.rows_in:,} rows in ({batches_line(stats)})"
+    return f"{plural(stats.rows_in, 'row')} in ({batches_line(stats)})"
 
 
 def batches_line(stats: SinkStats) -> str:
