@@ -20,6 +20,7 @@ from logstore import LogStoreError
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, FileSinkError
 from .runconfig import RunConfig
 from .sink import ExactlyOnceParquetSink
+from .sourcelog import local_path
 
 KILL_EXIT = EXIT_INTERRUPTED
 """Exit status after a second Ctrl-C or SIGTERM: the process ends without waiting for the batch."""
@@ -170,7 +171,7 @@ def _fix_input(summary: list[str], config: RunConfig) -> str:
     found = next(
         (m.group(1) for line in summary if (m := re.search(r"while reading file (\S+?)\.?(\s|$)", line))), None
     )
-    path = str(_local(found)) if found else None
+    path = str(local_path(found) or found) if found else None
     what = f"the file {path}" if path else f"the file in {config.input} that failed"
     missing = (
         "Spark would run it without a missing file and never read that name again"
@@ -183,13 +184,6 @@ def _fix_input(summary: list[str], config: RunConfig) -> str:
         "command again: it resumes with that batch. Keep the name: the batch runs again with the files it listed, "
         f"by name ({missing}), and a file landed again under a name already read is never read."
     )
-
-
-def _local(uri: str) -> str:
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(uri)
-    return unquote(parsed.path) if parsed.scheme == "file" else uri
 
 
 CONCURRENT_QUERY = ("Multiple streaming queries are concurrently using", "Multiple streaming jobs detected")

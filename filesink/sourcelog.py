@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlparse
 
 from .errors import MissingInputError
 
-__all__ = ["Listed", "Replay", "check_replay", "listed_files", "pending_batch"]
+__all__ = ["Listed", "Replay", "check_replay", "listed_files", "local_path", "pending_batch"]
 
 _LOG_NAME = re.compile(r"(\d+)(\.compact)?")
 
@@ -81,7 +81,8 @@ def _log_files(directory: Path) -> dict[int, Path]:
     return found
 
 
-def _local_path(uri: str) -> Path | None:
+def local_path(uri: str) -> Path | None:
+    """The local path of a ``file:`` URI as Spark writes it (percent-encoded), or None for another scheme."""
     parsed = urlparse(uri)
     if parsed.scheme not in ("", "file"):
         return None
@@ -98,7 +99,7 @@ def listed_files(checkpoint: Path, source: int = 0) -> list[Listed]:
         for line in logs[number].read_text(encoding="utf-8").splitlines()[1:]:
             try:
                 entry = json.loads(line)
-                path = _local_path(entry["path"])
+                path = local_path(entry["path"])
                 if path is not None:
                     listed.append(Listed(path, int(entry["timestamp"]), int(entry["batchId"])))
             except (ValueError, KeyError, TypeError):
