@@ -42,6 +42,7 @@ def start(setup: dict[str, Any]) -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         .config("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        .config("spark.databricks.delta.snapshotPartitions", "2")  # of 50: a Delta table's state is read by 2 tasks
     )
     s3 = setup.get("s3")
     if s3:
