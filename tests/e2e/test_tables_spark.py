@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 from engine_tables import TABLE, write_partitioned
 from sink_helpers import COLUMNS
-from spark_engines import SparkSQL, embedded_catalog, engines_or_skip
+from spark_engines import SparkSQL, embedded_catalog, engines_or_skip, jdbc_catalog, s3_setup
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a cold build of the environment: engines_env
+from filesink.demo.s3server import S3Settings
+
+pytestmark = pytest.mark.timeout(900)  # a cold build of the environment: engines_env
 
 SELECT = ", ".join(COLUMNS)
 DAY = "2024-01-02"
@@ -38,6 +40,13 @@ def _day(rows: Counter, day: str) -> Counter:
     return Counter({r: n for r, n in rows.items() if r[2] == day})
 
 
+def _operations(history: dict) -> dict[int, str]:
+    """Version -> operation, from ``DESCRIBE HISTORY``'s answer."""
+    columns = history["columns"]
+    return {row[columns.index("version")]: row[columns.index("operation")] for row in history["rows"]}
+
+
+@pytest.mark.slow
 def test_spark_reads_the_sinks_delta_tables(tmp_path: Path) -> None:
     pytest.importorskip("deltalake")
     from delta_restarts import COLUMNS as RESTART_COLUMNS
@@ -73,8 +82,7 @@ def test_spark_reads_the_sinks_delta_tables(tmp_path: Path) -> None:
     assert _rows(at_second["rows"]) == table.rows[1]
     versions = sorted(row[history["columns"].index("version")] for row in history["rows"])
     assert versions == list(range(table.versions[-1] + 1)), "the history holds the creation and each commit"
-    operations = {row[history["columns"].index("version")]: row[history["columns"].index("operation")] for row in history["rows"]}
-    assert operations[0] == "CREATE TABLE", operations
+    assert _operations(history)[0] == "CREATE TABLE", _operations(history)
     detail_row = dict(zip(detail["columns"], detail["rows"][0], strict=True))
     assert detail_row["partitionColumns"] == ["event_date"]
     assert _rows(evolving["rows"]) == evolved
@@ -82,6 +90,7 @@ def test_spark_reads_the_sinks_delta_tables(tmp_path: Path) -> None:
     assert _rows(restart["rows"]) == restarted.rows
 
 
+@pytest.mark.slow
 def test_spark_reads_the_sinks_iceberg_tables(tmp_path: Path) -> None:
     pytest.importorskip("pyiceberg")
     from evolve_tables import write_evolving
@@ -124,3 +133,52 @@ def test_spark_reads_the_sinks_iceberg_tables(tmp_path: Path) -> None:
         "p": "struct<x:int,y:string>",
         "extra": "string",
     }
+
+
+@pytest.mark.chaos
+def test_spark_reads_the_sinks_tables_on_s3_with_a_postgresql_catalog(
+    tmp_path: Path, s3_server: S3Settings, s3_prefix: str, postgres_uri: str
+) -> None:
+    """A Delta table on S3 (SeaweedFS), read through Hadoop's S3A, and an Iceberg table on S3 whose catalog is
+    PostgreSQL, read through Iceberg's JdbcCatalog on the same database: the rows, a partition filter, time travel
+    and the history, one Spark start for both."""
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyiceberg")
+    import uuid
+
+    engines = engines_or_skip()
+    options = s3_server.storage_options()
+    name = f"c{uuid.uuid4().hex[:8]}"  # a catalog of its own in the session's database
+    catalog = {"type": "sql", "uri": postgres_uri, "name": name}
+    delta = write_partitioned(s3_prefix + "/delta", tmp_path / "delta-state", "delta", options=options)
+    iceberg = write_partitioned(
+        s3_prefix + "/iceberg", tmp_path / "iceberg-state", "iceberg", options=options, catalog=catalog
+    )
+    source = f"delta.`{delta.path}`"
+    with SparkSQL(engines, tmp_path / "spark.log", s3=s3_setup(s3_server)) as spark:
+        delta_answers = spark.ask(
+            [
+                f"SELECT {SELECT} FROM {source}",
+                f"SELECT {SELECT} FROM {source} WHERE event_date = '{DAY}'",
+                f"SELECT {SELECT} FROM {source} VERSION AS OF {delta.versions[0]}",
+                f"DESCRIBE HISTORY {source}",
+            ]
+        )
+        table = f"{name}.{TABLE}"
+        iceberg_answers = spark.ask(
+            [
+                f"SELECT {SELECT} FROM {table}",
+                f"SELECT {SELECT} FROM {table} WHERE event_date = '{DAY}'",
+                f"SELECT {SELECT} FROM {table} VERSION AS OF {iceberg.versions[0]}",
+                f"SELECT snapshot_id FROM {table}.snapshots ORDER BY committed_at",
+            ],
+            jdbc_catalog(postgres_uri, s3_prefix, name),
+        )
+    for answer in delta_answers + iceberg_answers:
+        assert "error" not in answer, answer["error"]
+    for written, (whole, by_day, at_first, _) in ((delta, delta_answers), (iceberg, iceberg_answers)):
+        assert _rows(whole["rows"]) == written.final
+        assert _rows(by_day["rows"]) == _day(written.final, DAY)
+        assert _rows(at_first["rows"]) == written.rows[0]
+    assert sorted(_operations(delta_answers[3])) == list(range(delta.versions[-1] + 1))
+    assert [row[0] for row in iceberg_answers[3]["rows"]] == list(iceberg.versions)

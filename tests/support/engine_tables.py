@@ -46,7 +46,8 @@ def _version(path: str, table_format: str, options: dict[str, Any] | None, catal
         properties = {**(file_io_properties(options) if options else {}), **catalog}
     else:
         properties = {"type": "sql", "uri": f"sqlite:///{path}/{EMBEDDED_CATALOG}", "warehouse": f"file://{path}"}
-    snapshot = load_catalog(CATALOG_NAME, **properties).load_table(TABLE).current_snapshot()
+    name = properties.pop("name", CATALOG_NAME)
+    snapshot = load_catalog(name, **properties).load_table(TABLE).current_snapshot()
     assert snapshot is not None
     return snapshot.snapshot_id
 

@@ -45,15 +45,15 @@ def embedded_catalog(table: Path) -> dict[str, str]:
     return {"uri": f"jdbc:sqlite:{table / EMBEDDED_CATALOG}", "warehouse": f"file://{table}"}
 
 
-def jdbc_catalog(sqlalchemy_uri: str, warehouse: str) -> dict[str, str]:
-    """Iceberg's JdbcCatalog on the database of a SQLAlchemy URI (``postgresql+psycopg2://user:pw@host:port/db``
-    or ``sqlite:////path``), as pyiceberg's SqlCatalog names it."""
+def jdbc_catalog(sqlalchemy_uri: str, warehouse: str, name: str = "filesink") -> dict[str, str]:
+    """Iceberg's JdbcCatalog named ``name`` on the database of a SQLAlchemy URI
+    (``postgresql+psycopg2://user:pw@host:port/db`` or ``sqlite:////path``), as pyiceberg's SqlCatalog names it."""
     if sqlalchemy_uri.startswith("sqlite:///"):
-        return {"uri": "jdbc:sqlite:" + sqlalchemy_uri.removeprefix("sqlite:///"), "warehouse": warehouse}
+        return {"uri": "jdbc:sqlite:" + sqlalchemy_uri.removeprefix("sqlite:///"), "warehouse": warehouse, "name": name}
     parts = urlsplit(sqlalchemy_uri)
     assert parts.scheme.startswith("postgresql"), sqlalchemy_uri
     host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
-    catalog = {"uri": f"jdbc:postgresql://{host}{parts.path}", "warehouse": warehouse}
+    catalog = {"uri": f"jdbc:postgresql://{host}{parts.path}", "warehouse": warehouse, "name": name}
     if parts.username:
         catalog["jdbc.user"] = unquote(parts.username)
     if parts.password:

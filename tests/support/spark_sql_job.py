@@ -7,9 +7,9 @@ standard library and pyspark there): one Spark start serves every request of a t
 input ends.
 
 A request is ``{"catalog": {property: value} | null, "statements": [SQL, ...]}``: the statements run in a new
-Spark session (sharing the one Spark context) whose Iceberg catalog ``filesink`` is Iceberg's ``JdbcCatalog`` with
-the given properties (``uri`` a JDBC URL, ``jdbc.user`` ...). Its name is pyiceberg's catalog name of the sink
-(``filesink``): both keep it in the catalog tables' ``catalog_name`` column. The answer is a list, per statement,
+Spark session (sharing the one Spark context) whose Iceberg catalog is Iceberg's ``JdbcCatalog`` with the given
+properties (``uri`` a JDBC URL, ``jdbc.user`` ...), named as the ``name`` property says (default ``filesink``): the
+catalog name of the sink's pyiceberg catalog, which both keep in the catalog tables' ``catalog_name`` column. The answer is a list, per statement,
 of ``{"columns": [...], "rows": [[...], ...]}`` or ``{"error": "<exception class>: <message>"}``, with values made
 JSON-safe: dates and timestamps as ISO text (the session's time zone is UTC), decimals as text, bytes as hex,
 structs as objects.
@@ -61,10 +61,12 @@ def start(setup: dict[str, Any]) -> SparkSession:
 
 
 def session(spark: SparkSession, catalog: dict[str, str] | None) -> SparkSession:
-    """A new session of the one Spark context, with the catalog ``filesink`` of ``catalog``'s properties."""
+    """A new session of the one Spark context, with the Iceberg catalog of ``catalog``'s properties, named by its
+    ``name`` (default ``filesink``)."""
     new = spark.newSession()
     if catalog:
-        prefix = f"spark.sql.catalog.{CATALOG}"
+        catalog = dict(catalog)
+        prefix = f"spark.sql.catalog.{catalog.pop('name', CATALOG)}"
         new.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
         new.conf.set(f"{prefix}.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
         new.conf.set(f"{prefix}.io-impl", "org.apache.iceberg.hadoop.HadoopFileIO")
