@@ -1085,6 +1085,7 @@ class ExactlyOnceParquetSink:
         assert schema is not None, "files are planned only once a seal recorded the schema"
         self._store.check_term(f"commit {len(files)} files to the {self._destination.name}")
         failpoint("filesink.table.before")
+        self._destination.check_written(written)  # another writer's clean-up may have deleted them since
         self._destination.make_visible(files, written, schema)
         failpoint("filesink.table.after")
 

@@ -185,6 +185,44 @@ class Destination(ABC):
         with fs.open(f"{root}/{key}", "rb") as f:
             return pq.read_metadata(f)
 
+    def check_written(self, written: Mapping[str, Sequence[WrittenObject]]) -> None:
+        """Before a roll's commit: every object in ``written`` is still in the output at the size written. Another
+        writer's clean-up of the files a table does not hold (Delta's ``VACUUM`` with a retention shorter than the
+        time from a roll's write to its commit, Iceberg's ``remove_orphan_files`` with a recent ``older_than``)
+        deletes a roll's files before its commit: committed, the table would name files that are gone, and the log
+        store would be truncated past their rows. Raises :class:`TableCommitFailedError` naming them instead: the
+        files stay pending, and the next start writes them again from the log store. One ``stat`` (local) or
+        ``HEAD`` (S3) per object."""
+        from ..output.location import filesystem
+
+        objects = [o for objs in written.values() for o in objs]
+        gone: list[str] = []
+        if self.output.is_local:
+            root = self.output.local_root()
+            for o in objects:
+                try:
+                    if (root / o.key).stat().st_size != o.size:
+                        gone.append(o.key)
+                except FileNotFoundError:
+                    gone.append(o.key)
+        else:
+            fs, prefix = filesystem(self.output)
+            for o in objects:
+                try:
+                    if int(fs.info(f"{prefix}/{o.key}", refresh=True)["size"]) != o.size:
+                        gone.append(o.key)
+                except FileNotFoundError:
+                    gone.append(o.key)
+        if gone:
+            raise TableCommitFailedError(
+                f"{len(gone)} of the {len(objects)} objects written for this roll are no longer in {self.output.url} "
+                f"at the size written ({', '.join(sorted(gone)[:5])}): something deleted them before the "
+                f"{self.name}'s commit, such as Delta's VACUUM with a retention shorter than the time from a roll's "
+                "write to its commit, or Iceberg's remove_orphan_files with a recent older_than. Nothing was "
+                "committed; the files stay pending and the next start writes them again from the log store. Keep "
+                "such clean-ups' retention at hours or days (Delta's default is 7 days)."
+            )
+
     def after_failure(self, pending: Sequence[PlannedFile], error: Exception, *, leave_alone: str) -> None:
         """After a commit raised ``error``, read the table again: it landed after all (return), it did not
         (:class:`TableCommitFailedError`), or no one can tell (:class:`TableCommitUnknownError`). ``leave_alone``

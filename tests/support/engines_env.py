@@ -98,7 +98,9 @@ def env_name() -> str:
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     key = json.dumps([PINS, EXCLUDED, sys.version, base])
     py = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    return f"engines-spark-{PYSPARK}-delta-{DELTA}-iceberg-{ICEBERG}-{py}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return (
+        f"engines-spark-{PYSPARK}-delta-{DELTA}-iceberg-{ICEBERG}-{py}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    )
 
 
 def pinned_engines(root: Path | None = None) -> tuple[Engines | None, str]:
@@ -187,9 +189,7 @@ def _run(what: str, args: Sequence[str], deadline: float, cwd: Path | None = Non
     environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     command = " ".join(args)
     try:
-        done = subprocess.run(
-            args, capture_output=True, text=True, timeout=deadline, env=environ, cwd=cwd, check=False
-        )
+        done = subprocess.run(args, capture_output=True, text=True, timeout=deadline, env=environ, cwd=cwd, check=False)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{what} ({command}) did not finish within {deadline:g} s") from None
     except OSError as e:

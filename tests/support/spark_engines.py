@@ -11,13 +11,15 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 from engines_env import Engines, pinned_engines
-from helpers import SUPPORT, kill, readline_with_deadline, wait_for_line
+from helpers import SUPPORT, kill, wait_for_line
 
 START_DEADLINE = 180.0
 """Seconds for the JVM, Spark and the connectors to start (about 10-20 s; the machine may be shared)."""
 ANSWER_DEADLINE = 180.0
 """Seconds for one request's statements (a rewrite of a table's files is a Spark job)."""
 EXIT_DEADLINE = 60.0
+ANSWER = "answer: "
+"""``spark_sql_job.ANSWER`` (not imported: that module needs pyspark 4.1's environment)."""
 
 
 def engines_or_skip() -> Engines:
@@ -87,9 +89,14 @@ class SparkSQL:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"catalog": catalog, "statements": statements}) + "\n")
         self.proc.stdin.flush()
-        line = readline_with_deadline(self.proc, timeout, f"Spark's answer to {statements} (log: {self.log})")
-        assert line, f"Spark ended before it answered {statements}: {self.log.read_text()[-3000:]}"
-        answers: list[dict[str, Any]] = json.loads(line)
+        line = wait_for_line(
+            self.proc,
+            lambda text: text.startswith(ANSWER),
+            timeout,
+            f"Spark's answer to {statements} (log: {self.log})",
+            skip=True,
+        )
+        answers: list[dict[str, Any]] = json.loads(line.removeprefix(ANSWER))
         return answers
 
     def rows(self, statement: str, catalog: dict[str, str] | None = None) -> list[list[Any]]:

@@ -4,7 +4,7 @@ standard library and pyspark there): one Spark start serves every request of a t
 ``python spark_sql_job.py '<setup JSON>'`` starts a local Spark with the setup's ``jars`` (and, with ``s3``
 ``{"endpoint", "access_key", "secret_key", "region"}``, Hadoop's S3A for ``s3://`` and ``s3a://`` paths), prints
 ``ready``, then answers each line of its standard input (a request) with one line of JSON (the answer), until its
-input ends.
+input ends. An answer's line starts with ``answer: ``: Delta's ``VACUUM`` prints lines of its own.
 
 A request is ``{"catalog": {property: value} | null, "statements": [SQL, ...]}``: the statements run in a new
 Spark session (sharing the one Spark context) whose Iceberg catalog is Iceberg's ``JdbcCatalog`` with the given
@@ -26,6 +26,8 @@ from typing import Any
 from pyspark.sql import Row, SparkSession
 
 CATALOG = "filesink"
+ANSWER = "answer: "
+"""Starts the line of an answer (Delta's VACUUM prints to standard output too)."""
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 ICEBERG_EXTENSION = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 
@@ -113,7 +115,7 @@ def main(argv: list[str]) -> None:
         request = json.loads(line)
         current = session(spark, request.get("catalog"))
         answers = [execute(current, s) for s in request["statements"]]
-        print(json.dumps(answers), flush=True)
+        print(ANSWER + json.dumps(answers), flush=True)
     spark.stop()
 
 

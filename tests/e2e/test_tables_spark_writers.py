@@ -1,0 +1,193 @@
+"""Spark as another writer of the sink's tables while the sink streams into them and is killed (chaos tier).
+
+A streaming job writes through the sink into a partitioned table (``sink_job.py``: Spark's file source, a roll
+every two micro-batches) and is SIGKILLed (driver, JVM and workers) at random moments, restarted each time at
+another parallelism. Meanwhile, while the job runs, Spark with the format's own connector (``engines_env.py``)
+maintains the table:
+
+- Delta: ``OPTIMIZE`` (compaction: the sink's files removed, bigger ones added) and ``VACUUM ... RETAIN 0 HOURS``
+  (the retention check off: files the table no longer holds are deleted at once);
+- Iceberg (the sink's embedded SQLite catalog, shared by pyiceberg and Iceberg's JdbcCatalog):
+  ``rewrite_data_files`` (every file rewritten) and ``expire_snapshots`` (all but the newest, their files deleted).
+
+After every kill the table, read by deltalake or pyiceberg and by Spark, holds input rows only, none twice, and both
+read the same rows. At the end (the job run to its end, the table maintained once more, then more input and a last
+run: the sink still commits after the other writer's commits), every input row is in the table exactly once, as
+each reader reads it, and the table's history holds the other writer's commits among the sink's.
+
+The kill campaigns' ``TableWatch`` assumes the sink is the table's only writer (its files never rewritten); here the
+check is the rows, as every reader reads them. A maintenance that loses a race with the sink's commit (the
+connector's conflict check) is allowed and counted; any other refusal fails the test.
+
+Delta's ``VACUUM`` with a retention of 0 hours deletes every file the table does not hold, a roll's files between
+their write and the table's commit included; see ``test_vacuum_with_no_retention_during_a_roll`` below.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from checker import compare
+from engine_tables import TABLE
+from helpers import SUPPORT, communicate, readline_with_deadline, support_env, wait_for_line
+from helpers import kill as kill_process
+from sink_helpers import COLUMNS, batch_rows
+from spark_engines import SparkSQL, embedded_catalog, engines_or_skip
+from table_checker import TableTarget, read_table
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(2400)]
+
+JOB = SUPPORT / "sink_job.py"
+LINE_TIMEOUT = 300.0
+INPUTS = 24
+"""Micro-batches of the campaign (one input file each), then :data:`MORE` after the last maintenance."""
+MORE = 4
+ROWS = 150
+KILLS = 5
+KINDS = ("OPTIMIZE", "VACUUM", "rewrite_data_files", "expire_snapshots")
+CONFLICTS = ("Concurrent", "CommitFailedException", "ValidationException", "conflict")
+"""What a maintenance that lost a race with the sink's commit says (Delta's ``Concurrent...Exception``, Iceberg's
+``CommitFailedException`` / ``ValidationException``)."""
+
+
+def _input(tmp_path: Path, batches: range, seed: int) -> Counter[Any]:
+    source = tmp_path / "input"
+    source.mkdir(exist_ok=True)
+    expected: Counter[Any] = Counter()
+    for b in batches:
+        rows = batch_rows(b, ROWS, seed)
+        expected.update(rows)
+        table = pa.table(dict(zip(COLUMNS, zip(*rows, strict=True), strict=True)))
+        pq.write_table(table, source / f"in-{b:03d}.parquet")
+    return expected
+
+
+def _start(tmp_path: Path, table_format: str, parallelism: int) -> subprocess.Popen[str]:
+    env = support_env(SINK_JOB_S3="{}", SINK_JOB_PARTITION_BY="event_date", SINK_JOB_ICEBERG_TABLE=TABLE)
+    env.update(TableTarget(table_format, table=TABLE).env())
+    args = [str(tmp_path / d) for d in ("input", "table", "state", "checkpoint")]
+    return subprocess.Popen(
+        [sys.executable, str(JOB), *args, str(parallelism)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _maintenance(table_format: str, table: Path) -> list[str]:
+    if table_format == "delta":
+        return [f"OPTIMIZE delta.`{table}`", f"VACUUM delta.`{table}` RETAIN 0 HOURS"]
+    now = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return [
+        f"CALL filesink.system.rewrite_data_files(table => '{TABLE}', options => map('rewrite-all', 'true'))",
+        f"CALL filesink.system.expire_snapshots(table => '{TABLE}', older_than => TIMESTAMP '{now}', retain_last => 1)",
+    ]
+
+
+class Campaign:
+    def __init__(self, tmp_path: Path, table_format: str, spark: SparkSQL, seed: int):
+        self.tmp_path, self.format, self.spark, self.seed = tmp_path, table_format, spark, seed
+        self.table = tmp_path / "table"
+        self.catalog = embedded_catalog(self.table) if table_format == "iceberg" else None
+        self.source = f"delta.`{self.table}`" if table_format == "delta" else f"filesink.{TABLE}"
+        self.done: Counter[str] = Counter()
+        """Maintenance statements that committed, and those that lost a race ("conflict")."""
+
+    def maintain(self) -> None:
+        """One round of the other writer's maintenance (the table must exist)."""
+        for statement, answer in zip(
+            statements := _maintenance(self.format, self.table),
+            self.spark.ask(statements, self.catalog),
+            strict=True,
+        ):
+            kind = next(k for k in KINDS if k in statement)
+            if "error" not in answer:
+                self.done[kind] += 1
+                continue
+            assert any(c in answer["error"] for c in CONFLICTS), f"seed {self.seed}: {statement}: {answer['error']}"
+            self.done["conflict"] += 1
+
+    def rows(self) -> Counter[Any]:
+        """The table's rows as deltalake / pyiceberg read them, which must be what Spark reads."""
+        view = read_table(TableTarget(self.format, table=TABLE), str(self.table), None)
+        ours = view.rows
+        if not view.commits:  # no table yet (killed before its first commit)
+            return ours
+        spark = Counter(
+            tuple(r) for r in self.spark.rows(f"SELECT {', '.join(COLUMNS)} FROM {self.source}", self.catalog)
+        )
+        assert spark == ours, (
+            f"seed {self.seed}: Spark reads {sum(spark.values())} rows, the sink's reader {sum(ours.values())}"
+        )
+        return ours
+
+    def exists(self) -> bool:
+        return bool(read_table(TableTarget(self.format, table=TABLE), str(self.table), None).commits)
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_spark_maintains_a_table_while_the_sink_streams_and_is_killed(tmp_path: Path, table_format: str) -> None:
+    pytest.importorskip("deltalake" if table_format == "delta" else "pyiceberg")
+    engines = engines_or_skip()
+    seed = 7 if table_format == "delta" else 11
+    rng = random.Random(seed)
+    expected = _input(tmp_path, range(INPUTS), seed)
+    parallelism = 1
+    with SparkSQL(engines, tmp_path / "spark.log") as spark:
+        campaign = Campaign(tmp_path, table_format, spark, seed)
+        for k in range(KILLS):
+            parallelism = rng.choice([p for p in (1, 2, 3) if p != parallelism])
+            proc = _start(tmp_path, table_format, parallelism)
+            try:
+                wait_for_line(proc, "started\n", LINE_TIMEOUT, "the line 'started'")
+                for _ in range(rng.randrange(1, 3)):
+                    if not readline_with_deadline(proc, LINE_TIMEOUT, "the job's next batch"):
+                        break
+                if campaign.exists():  # while the job runs: its rolls and the maintenance interleave
+                    campaign.maintain()
+                time.sleep(rng.uniform(0.0, 1.5))
+                assert proc.poll() is None, f"seed {seed}: the job ended before kill {k + 1}"
+            finally:
+                kill_process(proc, group=True, timeout=60)
+            got = campaign.rows()
+            lost, duplicated, unexpected = compare(expected, got)
+            assert (duplicated, unexpected) == (0, 0), (
+                f"seed {seed}: after kill {k + 1} the table has {duplicated} rows twice, {unexpected} unexpected"
+            )
+        proc = _start(tmp_path, table_format, rng.choice([1, 2, 3]))
+        out, err = communicate(proc, 900, "the run to the end of the input")
+        assert proc.returncode == 0 and out.endswith("done\n"), f"seed {seed}: {err[-3000:]}"
+        campaign.maintain()
+        assert campaign.rows() == expected, f"seed {seed}: after the run to the end and a maintenance"
+        before = read_table(TableTarget(table_format, table=TABLE), str(tmp_path / "table"), None)
+        expected += _input(tmp_path, range(INPUTS, INPUTS + MORE), seed)
+        proc = _start(tmp_path, table_format, 2)
+        out, err = communicate(proc, 900, "the run over more input, after the other writer's commits")
+        assert proc.returncode == 0 and out.endswith("done\n"), f"seed {seed}: {err[-3000:]}"
+        after = read_table(TableTarget(table_format, table=TABLE), str(tmp_path / "table"), None)
+        assert len(after.commits) > len(before.commits), f"seed {seed}: the sink committed nothing after maintenance"
+        got = campaign.rows()
+        if table_format == "delta":
+            [history] = spark.ask([f"DESCRIBE HISTORY delta.`{tmp_path / 'table'}`"])
+            operations = Counter(row[history["columns"].index("operation")] for row in history["rows"])
+        else:
+            snapshots = spark.rows(f"SELECT operation FROM filesink.{TABLE}.snapshots", campaign.catalog)
+            operations = Counter(row[0] for row in snapshots)
+    assert got == expected, f"seed {seed}: {compare(expected, got)} (lost, duplicated, unexpected) at the end"
+    figures = {"seed": seed, "kills": KILLS, **campaign.done, "operations": dict(operations)}
+    print(json.dumps(figures))
+    assert campaign.done["OPTIMIZE" if table_format == "delta" else "rewrite_data_files"] >= 1
+    assert operations["OPTIMIZE" if table_format == "delta" else "replace"] >= 1, operations
