@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -40,11 +42,22 @@ import pyarrow.parquet as pq
 import pytest
 from checker import compare
 from engine_tables import TABLE
-from helpers import SUPPORT, communicate, readline_with_deadline, support_env, wait_for_line
+from helpers import (
+    SUPPORT,
+    communicate,
+    process_state,
+    readline_with_deadline,
+    run,
+    support_env,
+    wait_for_line,
+    wait_until,
+)
 from helpers import kill as kill_process
 from sink_helpers import COLUMNS, batch_rows
 from spark_engines import SparkSQL, embedded_catalog, engines_or_skip
 from table_checker import TableTarget, read_table
+
+from logstore.failpoints import DIR_VAR, ENV_VAR, fired
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(2400)]
 
@@ -163,7 +176,7 @@ def test_spark_maintains_a_table_while_the_sink_streams_and_is_killed(tmp_path: 
             finally:
                 kill_process(proc, group=True, timeout=60)
             got = campaign.rows()
-            lost, duplicated, unexpected = compare(expected, got)
+            _lost, duplicated, unexpected = compare(expected, got)
             assert (duplicated, unexpected) == (0, 0), (
                 f"seed {seed}: after kill {k + 1} the table has {duplicated} rows twice, {unexpected} unexpected"
             )
@@ -191,3 +204,58 @@ def test_spark_maintains_a_table_while_the_sink_streams_and_is_killed(tmp_path: 
     print(json.dumps(figures))
     assert campaign.done["OPTIMIZE" if table_format == "delta" else "rewrite_data_files"] >= 1
     assert operations["OPTIMIZE" if table_format == "delta" else "replace"] >= 1, operations
+
+
+ROLL_JOB = SUPPORT / "engine_roll_job.py"
+
+
+def test_vacuum_with_no_retention_during_a_roll(tmp_path: Path) -> None:
+    """The sink stopped between a roll's write and the table's commit (the failpoint ``filesink.table.before``), and
+    Spark's ``VACUUM ... RETAIN 0 HOURS`` deletes the roll's files, which the table does not hold yet. Resumed, the
+    sink refuses the commit (``TableCommitFailedError`` naming the objects) rather than commit files that are gone;
+    killed instead, it commits nothing. Either way the next start writes the roll again from the log store: every
+    row once, as deltalake and Spark read the table. (Before the sink checked its objects, the resumed sink
+    committed the deleted files: every reader failed on a missing file, and the log store was truncated past
+    their rows.)"""
+    pytest.importorskip("deltalake")
+    engines = engines_or_skip()
+    with SparkSQL(engines, tmp_path / "spark.log") as spark:
+        for resumed in (True, False):
+            _vacuum_during_a_roll(spark, tmp_path / ("resumed" if resumed else "killed"), resumed=resumed)
+
+
+def _vacuum_during_a_roll(spark: SparkSQL, root: Path, *, resumed: bool) -> None:
+    table = root / "table"
+    job = [sys.executable, str(ROLL_JOB), str(table), str(root / "state"), "delta"]
+    first = run([*job, "0", "2"], LINE_TIMEOUT, "the first roll", env=support_env(), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    shared = root / "failpoints"
+    shared.mkdir()
+    env = support_env(**{ENV_VAR: "filesink.table.before=stop@once", DIR_VAR: str(shared)})
+    proc = subprocess.Popen([*job, "2", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: bool(fired(str(shared))), LINE_TIMEOUT, "the roll to stop before its commit", proc=proc)
+        pid = fired(str(shared))[0][1]
+        wait_until(lambda: process_state(pid) == "T", 60, "the job to stop", proc=proc)
+        before = {p.relative_to(table) for p in table.rglob("*.parquet")}
+        [vacuum] = spark.ask([f"VACUUM delta.`{table}` RETAIN 0 HOURS"])
+        assert "error" not in vacuum, vacuum["error"]
+        held = set(read_table(TableTarget("delta"), str(table), None).files)
+        deleted = {str(p) for p in before - {p.relative_to(table) for p in table.rglob("*.parquet")}}
+        assert deleted and not deleted & held, f"VACUUM deleted {deleted}; the table holds {held}"
+        if resumed:
+            os.kill(pid, signal.SIGCONT)
+            _out, err = communicate(proc, LINE_TIMEOUT, "the resumed roll")
+            assert proc.returncode != 0 and "TableCommitFailedError" in err, err[-3000:]
+            assert "no longer in" in err and sorted(deleted)[0] in err, err[-3000:]
+        else:
+            kill_process(proc)
+    finally:
+        kill_process(proc)
+    again = run([*job, "4", "1"], LINE_TIMEOUT, "the next start", env=support_env(), capture_output=True, text=True)
+    assert again.returncode == 0 and again.stdout.endswith("done\n"), again.stderr[-3000:]
+    expected = Counter(r for e in range(5) for r in batch_rows(e, 40))
+    got = read_table(TableTarget("delta"), str(table), None).rows
+    assert got == expected, f"{'resumed' if resumed else 'killed'}: {compare(expected, got)}"
+    spark_rows = spark.rows(f"SELECT {', '.join(COLUMNS)} FROM delta.`{table}`")
+    assert Counter(tuple(r) for r in spark_rows) == expected

@@ -69,7 +69,7 @@ class SparkSQL:
     def __init__(self, engines: Engines, log: Path, s3: dict[str, str] | None = None):
         setup = {"jars": [str(j) for j in engines.jars], "s3": s3}
         self.log = log
-        self._log = open(log, "w")  # Spark's log: a pipe would fill
+        self._log = log.open("w")
         self.proc = subprocess.Popen(
             [str(engines.python), str(SUPPORT / "spark_sql_job.py"), json.dumps(setup)],
             stdin=subprocess.PIPE,

@@ -9,10 +9,10 @@ input ends. An answer's line starts with ``answer: ``: Delta's ``VACUUM`` prints
 A request is ``{"catalog": {property: value} | null, "statements": [SQL, ...]}``: the statements run in a new
 Spark session (sharing the one Spark context) whose Iceberg catalog is Iceberg's ``JdbcCatalog`` with the given
 properties (``uri`` a JDBC URL, ``jdbc.user`` ...), named as the ``name`` property says (default ``filesink``): the
-catalog name of the sink's pyiceberg catalog, which both keep in the catalog tables' ``catalog_name`` column. The answer is a list, per statement,
-of ``{"columns": [...], "rows": [[...], ...]}`` or ``{"error": "<exception class>: <message>"}``, with values made
-JSON-safe: dates and timestamps as ISO text (the session's time zone is UTC), decimals as text, bytes as hex,
-structs as objects.
+catalog name of the sink's pyiceberg catalog, which both keep in the catalog tables' ``catalog_name`` column. The
+answer is a list, per statement, of ``{"columns": [...], "rows": [[...], ...]}`` or ``{"error": "<exception
+class>: <message>"}``, with values made JSON-safe: dates and timestamps as ISO text (the session's time zone is
+UTC), decimals as text, bytes as hex, structs as objects.
 """
 
 from __future__ import annotations
