@@ -12,7 +12,8 @@ nothing rewritten, nothing stray).
 Readers: deltalake and Polars (``scan_delta``) for Delta; pyiceberg and Polars (``scan_iceberg``, pyiceberg planning)
 for Iceberg. Spark reads neither table here: its Delta and Iceberg sources come with the delta-spark and
 iceberg-spark-runtime jars, which this installation does not have (``DATA_SOURCE_NOT_FOUND``); the streaming test
-asks Spark anyway, and compares what it reads where it can.
+asks Spark anyway, and compares what it reads where it can. ``test_tables_spark.py`` reads the tables with those
+connectors, in a pinned Spark of its own (``engines_env.py``).
 
 What each S3 server does with the table formats (measured with SeaweedFS 4.48, moto 5.2.5, rclone 1.75.2, deltalake
 1.6.6, pyiceberg 0.12.0, pyarrow 26.0.1, Polars 2.1.0):
