@@ -68,6 +68,7 @@ class SparkSQL:
 
     def __init__(self, engines: Engines, log: Path, s3: dict[str, str] | None = None):
         setup = {"jars": [str(j) for j in engines.jars], "s3": s3}
+        self._sent: list[list[str]] = []
         self.log = log
         self._log = log.open("w")
         self.proc = subprocess.Popen(
@@ -84,11 +85,21 @@ class SparkSQL:
     def ask(
         self, statements: list[str], catalog: dict[str, str] | None = None, timeout: float = ANSWER_DEADLINE
     ) -> list[dict[str, Any]]:
-        """Each statement's answer (``{"columns", "rows"}`` or ``{"error"}``), run in a session whose catalog
-        ``filesink`` has ``catalog``'s properties."""
+        """Each statement's answer (``{"columns", "rows"}`` or ``{"error"}``), run in a session whose Iceberg
+        catalog has ``catalog``'s properties."""
+        self.send(statements, catalog)
+        return self.receive(timeout)
+
+    def send(self, statements: list[str], catalog: dict[str, str] | None = None) -> None:
+        """Send a request without waiting for its answer (:meth:`receive`): Spark runs it while the test goes on."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"catalog": catalog, "statements": statements}) + "\n")
         self.proc.stdin.flush()
+        self._sent.append(statements)
+
+    def receive(self, timeout: float = ANSWER_DEADLINE) -> list[dict[str, Any]]:
+        """The answer to the oldest request sent and not yet answered."""
+        statements = self._sent.pop(0)
         line = wait_for_line(
             self.proc,
             lambda text: text.startswith(ANSWER),
