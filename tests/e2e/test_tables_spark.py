@@ -26,7 +26,7 @@ from spark_engines import SparkSQL, embedded_catalog, engines_or_skip, jdbc_cata
 
 from filesink.demo.s3server import S3Settings
 
-pytestmark = pytest.mark.timeout(900)  # a cold build of the environment: engines_env
+pytestmark = pytest.mark.timeout(1500)  # a cold build waits at most engines_env.LOCK_DEADLINE (1290 s)
 
 SELECT = ", ".join(COLUMNS)
 DAY = "2024-01-02"
