@@ -116,6 +116,13 @@ def read_delta(path: str, options: dict[str, Any] | None) -> TableView:
     )
 
 
+def _uri(path: str) -> str:
+    """``file:/x`` (how Hadoop, so Spark's Iceberg writers, name a local file) as ``file:///x`` (pyiceberg's)."""
+    if path.startswith("file:/") and not path.startswith("file://"):
+        return "file://" + path.removeprefix("file:")
+    return path
+
+
 def read_iceberg(path: str, options: dict[str, Any] | None, target: TableTarget) -> TableView:
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
@@ -134,13 +141,13 @@ def read_iceberg(path: str, options: dict[str, Any] | None, target: TableTarget)
     snapshots = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0)
     summaries = [s.summary.additional_properties if s.summary is not None else {} for s in snapshots]
     ours = [s for s in summaries if "filesink.files" in s]
-    root = table.location().rstrip("/") + "/"
+    root = _uri(table.location()).rstrip("/") + "/"
     files = table.inspect.files().to_pylist()
-    outside = [f["file_path"] for f in files if not f["file_path"].startswith(root)]
+    outside = [f["file_path"] for f in files if not _uri(f["file_path"]).startswith(root)]
     assert not outside, f"the table holds files outside its location {root}: {outside[:5]}"
     return TableView(
         rows=_rows(table.scan().to_arrow()),
-        files={f["file_path"].removeprefix(root): f["file_size_in_bytes"] for f in files},
+        files={_uri(f["file_path"]).removeprefix(root): f["file_size_in_bytes"] for f in files},
         commits=[s["filesink.files"].split(",") for s in ours],
         versions=len(snapshots),
         sink_id=ours[0]["filesink.sink-id"] if ours else None,
