@@ -78,7 +78,7 @@ class SparkSQL:
             stderr=self._log,
             text=True,
             start_new_session=True,
-            env={"PATH": "/usr/bin:/bin", **_java_env()},
+            env=_java_env(),
         )
         wait_for_line(self.proc, "ready\n", START_DEADLINE, f"Spark with the connectors to start (log: {log})")
 
@@ -135,6 +135,8 @@ class SparkSQL:
 
 
 def _java_env() -> dict[str, str]:
+    """This process's environment without what would point the job at the test environment's Spark or Python."""
     import os
 
-    return {k: v for k, v in os.environ.items() if k in ("JAVA_HOME", "HOME", "LANG", "TMPDIR", "USER")}
+    dropped = ("SPARK_HOME", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_CONF_DIR")
+    return {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("PYSPARK_")}
