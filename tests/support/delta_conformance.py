@@ -504,7 +504,11 @@ class DeltaConformance:
         new = [v for v in versions if v > replay.version]
         expected = list(range(replay.version + 1, replay.version + 1 + len(new)))
         if new != expected:
-            problems.add(f"{LOG_DIR}/", "versions", f"entries are not contiguous after {replay.version}: {new[:20]}")
+            problems.add(
+                f"{LOG_DIR}/",
+                "versions",
+                f"the entries {new[:20]} are not contiguous from version {replay.version + 1}",
+            )
         added: list[tuple[str, str, int | None]] = []
         for version in new:
             if version != replay.version + 1:

@@ -1,0 +1,232 @@
+"""The conformance checks bite: a table the sink wrote passes them, and each deliberately broken entry of a copy of
+it (a map written as a JSON array, a partition value as a number, a required field left out, statistics of a
+column the table does not have, an Iceberg manifest whose record count is not its file's) is reported naming the
+file and the field. The old bug planted back into the sink (a checkpoint's ``metaData`` written back with its maps
+as Arrow gave them) is caught on the table the sink writes.
+
+The tables are written through the sink without Spark (``sink_helpers.append_epoch``), in ``tmp_path``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from conformance import check_table
+from delta_conformance import DeltaConformance
+from iceberg_conformance import IcebergConformance
+from sink_helpers import append_epoch, batch_rows
+
+from filesink import ExactlyOnceParquetSink, Rollover
+
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+
+pytestmark = pytest.mark.timeout(180)
+
+EVERY_2 = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=2)
+ENTRY_1 = "_delta_log/00000000000000000001.json"
+
+
+def _write(root: Path, table_format: str, epochs: int = 4) -> Path:
+    """A table partitioned by ``event_date``: a roll (a commit) every two epochs."""
+    options = {"table": "db.events"} if table_format == "iceberg" else {}
+    sink = ExactlyOnceParquetSink(
+        str(root / "table"),
+        str(root / "state"),
+        vnodes=4,
+        parallelism=1,
+        rollover=EVERY_2,
+        table_format=table_format,
+        partition_by=["event_date"],
+        **options,
+    )
+    for epoch in range(epochs):
+        append_epoch(sink, epoch, batch_rows(epoch, 20))
+        sink._roll(force=False)
+    sink.close()
+    return root / "table"
+
+
+@pytest.fixture(scope="module")
+def delta_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write(tmp_path_factory.mktemp("delta"), "delta")
+
+
+@pytest.fixture(scope="module")
+def iceberg_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write(tmp_path_factory.mktemp("iceberg"), "iceberg")
+
+
+def _broken_copy(table: Path, tmp_path: Path, entry: str, change) -> Path:
+    """A copy of ``table`` whose log entry ``entry`` has ``change`` applied to its actions (a list of dicts)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(table, copy)
+    path = copy / entry
+    actions = [json.loads(line) for line in path.read_text().splitlines()]
+    change(actions)
+    path.write_text("".join(json.dumps(a) + "\n" for a in actions))
+    return copy
+
+
+def _problems(table: Path) -> str:
+    with pytest.raises(AssertionError) as raised:
+        DeltaConformance(str(table)).check()
+    return str(raised.value)
+
+
+def _first(actions: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(a[kind] for a in actions if kind in a)
+
+
+def test_the_sinks_tables_conform_and_both_readers_read_the_same_rows(delta_table, iceberg_table):
+    check_table("delta", str(delta_table))
+    check_table("iceberg", str(iceberg_table))
+
+
+def test_a_map_written_as_a_json_array_is_reported(delta_table, tmp_path):
+    def options_as_list(actions):
+        _first(actions, "metaData")["format"]["options"] = []
+
+    copy = _broken_copy(delta_table, tmp_path, "_delta_log/00000000000000000000.json", options_as_list)
+    problems = _problems(copy)
+    assert "_delta_log/00000000000000000000.json line 3 (metaData): metaData.format.options: must be a JSON object" in (
+        problems
+    )
+
+
+def test_a_partition_value_as_a_number_is_reported(delta_table, tmp_path):
+    def as_number(actions):
+        values = _first(actions, "add")["partitionValues"]
+        values["event_date"] = 20240101
+
+    problems = _problems(_broken_copy(delta_table, tmp_path, ENTRY_1, as_number))
+    assert f"{ENTRY_1} line 2 (add): add.partitionValues: values must be strings" in problems
+    assert "20240101" in problems
+
+
+def test_a_partition_value_that_is_not_of_the_columns_type_is_reported(delta_table, tmp_path):
+    def with_schema(actions):  # the same table, its event_date column a date
+        meta = _first(actions, "metaData")
+        schema = json.loads(meta["schemaString"])
+        for f in schema["fields"]:
+            if f["name"] == "event_date":
+                f["type"] = "date"
+        meta["schemaString"] = json.dumps(schema)
+
+    copy = _broken_copy(delta_table, tmp_path, "_delta_log/00000000000000000000.json", with_schema)
+    path = copy / ENTRY_1
+    actions = [json.loads(line) for line in path.read_text().splitlines()]
+    _first(actions, "add")["partitionValues"]["event_date"] = "2024-13-01"
+    path.write_text("".join(json.dumps(a) + "\n" for a in actions))
+    problems = _problems(copy)
+    assert f"{ENTRY_1} line 2 (add): add.partitionValues.event_date: '2024-13-01' does not parse as a date" in problems
+
+
+def test_a_missing_required_field_is_reported(delta_table, tmp_path):
+    def without_size(actions):
+        del _first(actions, "add")["size"]
+        del _first(actions, "txn")["appId"]
+
+    problems = _problems(_broken_copy(delta_table, tmp_path, ENTRY_1, without_size))
+    assert f"{ENTRY_1} line 2 (add): add.size: required field is missing" in problems
+    assert "(txn): txn.appId: required field is missing" in problems
+
+
+def test_statistics_of_an_unknown_column_are_reported(delta_table, tmp_path):
+    def unknown_column(actions):
+        add = _first(actions, "add")
+        stats = json.loads(add["stats"])
+        stats["minValues"]["nope"] = 1
+        stats["nullCount"]["event_date"] = 0  # a partition column: no statistics in the files
+        add["stats"] = json.dumps(stats)
+
+    problems = _problems(_broken_copy(delta_table, tmp_path, ENTRY_1, unknown_column))
+    assert f"{ENTRY_1} line 2 (add): add.stats.minValues.nope: no such column in the schema" in problems
+    assert f"{ENTRY_1} line 2 (add): add.stats.nullCount.event_date: no such column" in problems
+
+
+def test_two_action_keys_on_a_line_an_unknown_field_and_a_wrong_size_are_reported(delta_table, tmp_path):
+    def broken(actions):
+        actions[1]["txn"] = {"appId": "x", "version": 1}  # a second key on the add's line
+        _first(actions, "protocol" if any("protocol" in a for a in actions) else "add")["sizeInBytes"] = 3
+        actions.append({"add": {**_first(actions, "add"), "path": "event_date=2024-01-01/gone.parquet"}})
+
+    problems = _problems(_broken_copy(delta_table, tmp_path, ENTRY_1, broken))
+    assert f"{ENTRY_1} line 2: line: must be a JSON object with exactly one action key, has ['add', 'txn']" in problems
+    assert "add.sizeInBytes: a field the protocol does not know" in problems
+    assert "add.path: event_date=2024-01-01/gone.parquet: no such file under the table's root" in problems
+
+
+def test_a_gap_in_the_versions_is_reported(delta_table, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(delta_table, copy)
+    (copy / ENTRY_1).rename(copy / "_delta_log/00000000000000000009.json")
+    assert "_delta_log/: versions: the entries [0, 2, 9] are not contiguous from version 0" in _problems(copy)
+
+
+def test_an_iceberg_manifest_with_a_wrong_record_count_is_reported(tmp_path):
+    """The manifest of the table's newest snapshot written again (pyiceberg's writer) with its first entry's record
+    count one more than its file's (the metadata names files by absolute paths: the table is a table of its own)."""
+    from pyiceberg.manifest import write_manifest
+    from pyiceberg.table import StaticTable
+
+    table_path = _write(tmp_path, "iceberg", epochs=2)
+    checker = IcebergConformance(str(table_path))
+    table = StaticTable.from_metadata(f"file://{checker.metadata_files()[-1]}")
+    [manifest] = table.current_snapshot().manifests(table.io)  # type: ignore[union-attr]
+    entries = list(manifest.fetch_manifest_entry(table.io, discard_deleted=False))
+    assert entries, "the snapshot's manifest lists the roll's files"
+    target = Path(manifest.manifest_path.removeprefix("file://"))
+    target.unlink()
+    with write_manifest(
+        format_version=2,
+        spec=table.spec(),
+        schema=table.schema(),
+        output_file=table.io.new_output(manifest.manifest_path),
+        snapshot_id=manifest.added_snapshot_id,
+        avro_compression="deflate",
+    ) as writer:
+        for i, entry in enumerate(entries):
+            if i == 0:
+                entry.data_file[4] = entry.data_file.record_count + 1  # record_count, the data file's 5th field
+            writer.add_entry(entry)
+    with pytest.raises(AssertionError) as raised:
+        checker.check()
+    problems = str(raised.value)
+    assert f"metadata/{target.name}: entry[0].data_file.record_count: " in problems
+    assert "the Parquet footer of" in problems
+    assert ".added_rows_count: " in problems  # the manifest list's count is no longer the manifest's
+
+
+def test_the_old_bug_planted_back_is_caught_on_the_table_the_sink_writes(tmp_path, monkeypatch):
+    """The sink's reader of a checkpoint giving the ``metaData`` as Arrow gives it (maps as lists of pairs): the
+    restarted sink's first commit with a new column writes ``"options":[]``, which the hook reports."""
+    from delta_restarts import _checkpoint_interval, _rolls
+
+    from filesink.destination import delta_log
+
+    def as_arrow_gives_them(table: pa.Table) -> list[dict[str, Any]]:
+        return [
+            {kind: row}
+            for kind, column in zip(table.column_names, table.columns, strict=True)
+            for row in column.filter(pc.is_valid(column)).to_pylist()
+        ]
+
+    monkeypatch.setattr(delta_log, "checkpoint_actions", as_arrow_gives_them)
+    monkeypatch.setattr(delta_log, "protocol_shape", lambda kind, fields: dict(fields))
+    with _checkpoint_interval(3):
+        _rolls(tmp_path, range(4), 0)  # versions 1-4, a checkpoint at 3
+    check_table("delta", str(tmp_path / "table"), duckdb=False)  # all conforms so far
+    _rolls(tmp_path, range(4, 5), 1)  # a new sink reads the checkpoint, and takes a new column: version 5
+    with pytest.raises(AssertionError) as raised:
+        check_table("delta", str(tmp_path / "table"), duckdb=False)
+    problems = str(raised.value)
+    assert "_delta_log/00000000000000000005.json line 2 (metaData): metaData.format.options: must be a JSON object" in (
+        problems
+    )
+    assert "metaData.configuration: must be a JSON object" in problems
