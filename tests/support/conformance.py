@@ -83,7 +83,7 @@ def check_table(
         newest = checker.check(metadata_location)
         if newest is None:
             return
-        first = iceberg_rows(newest, checker)
+        first = iceberg_rows(newest, options)
         scan = {"format": "iceberg", "location": newest}
     if not duckdb or "://" in str(scan["location"]).removeprefix("file://"):
         return
@@ -161,11 +161,13 @@ def delta_rows(location: str, options: Mapping[str, Any] | None) -> Rows:
     return arrow_rows(table.to_pyarrow_table())
 
 
-def iceberg_rows(metadata_path: str, checker: IcebergConformance) -> Rows:
+def iceberg_rows(metadata_path: str, options: Mapping[str, Any] | None) -> Rows:
     from pyiceberg.table import StaticTable
 
+    from filesink.destination.iceberg import file_io_properties
+
     uri = metadata_path if "://" in metadata_path else f"file://{metadata_path}"
-    table = StaticTable.from_metadata(uri)
+    table = StaticTable.from_metadata(uri, properties=file_io_properties(dict(options or {})) if options else {})
     return arrow_rows(table.scan().to_arrow())
 
 

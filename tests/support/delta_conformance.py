@@ -490,8 +490,8 @@ class DeltaConformance:
             self.first_entry = first
         replay = self.replay
         checkpoints = self._checkpoints(names)
-        if replay.version < 0 and versions and versions[0] != 0:
-            older = [v for v in checkpoints if v + 1 >= versions[0]]
+        if replay.version < 0 and checkpoints and (not versions or versions[0] != 0):
+            older = [v for v in checkpoints if v + 1 >= versions[0]] if versions else [max(checkpoints)]
             if not older:
                 problems.add(
                     f"{LOG_DIR}/",

@@ -407,7 +407,8 @@ class IcebergConformance:
 
     def check(self, metadata_location: str | None = None) -> str | None:
         """Check every metadata file not checked yet (and ``metadata_location``, the current one, if given), and
-        the manifest lists and manifests they name; return the newest metadata file's path (None: no table)."""
+        the manifest lists and manifests they name; return the current metadata file (``metadata_location``, else
+        the newest: a local path, or a URL on another file system), None if there is no table yet."""
         problems = Problems()
         files = self.metadata_files()
         if metadata_location is not None:
@@ -419,7 +420,12 @@ class IcebergConformance:
                 self._metadata(problems, path)
                 self.checked.add(path)
         problems.raise_any(self.location)
-        return (self.path(metadata_location) if metadata_location else None) or (files[-1] if files else None)
+        if metadata_location is not None:
+            return metadata_location.removeprefix("file://")
+        if not files:
+            return None
+        local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        return files[-1] if local else self.fs.unstrip_protocol(files[-1])
 
     # -- metadata files ------------------------------------------------------------------------------------------
 
