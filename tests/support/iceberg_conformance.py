@@ -406,15 +406,22 @@ class IcebergConformance:
         return [p for _, p in sorted(found)]
 
     def check(self, metadata_location: str | None = None) -> str | None:
-        """Check every metadata file not checked yet (and ``metadata_location``, the current one, if given), and
-        the manifest lists and manifests they name; return the current metadata file (``metadata_location``, else
-        the newest: a local path, or a URL on another file system), None if there is no table yet."""
+        """Check the table's metadata files not checked yet, and the manifest lists and manifests they name: with
+        ``metadata_location`` (the catalog's current metadata file), that file and those its ``metadata-log``
+        names; without, every metadata file under ``metadata/`` (a failed commit's leftover too). Returns the
+        current metadata file (``metadata_location``, else the newest: a local path, or a URL on another file
+        system), None if there is no table yet."""
         problems = Problems()
-        files = self.metadata_files()
         if metadata_location is not None:
             current = self.path(metadata_location)
-            if current not in files:
-                files.append(current)
+            files = [current]
+            try:
+                log = json.loads(self.fs.cat_file(current)).get("metadata-log") or []
+                files += [self.path(e["metadata-file"]) for e in log if isinstance(e, dict) and "metadata-file" in e]
+            except (ValueError, AttributeError, TypeError):
+                pass  # reported by the check of the file itself
+        else:
+            files = self.metadata_files()
         for path in files:
             if path not in self.checked:
                 self._metadata(problems, path)
