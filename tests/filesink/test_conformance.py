@@ -169,6 +169,54 @@ def test_a_gap_in_the_versions_is_reported(delta_table, tmp_path):
     assert "_delta_log/: versions: the entries [0, 2, 9] are not contiguous from version 0" in _problems(copy)
 
 
+def test_a_protocol_inconsistent_with_its_versions_and_a_bound_of_the_wrong_type_are_reported(delta_table, tmp_path):
+    def broken(actions):
+        _first(actions, "protocol")["readerFeatures"] = ["timestampNtz"]  # features with reader version 1
+        _first(actions, "protocol")["minWriterVersion"] = 7  # writer version 7 lists its features
+
+    copy = _broken_copy(delta_table, tmp_path, "_delta_log/00000000000000000000.json", broken)
+    path = copy / ENTRY_1
+    actions = [json.loads(line) for line in path.read_text().splitlines()]
+    add = _first(actions, "add")
+    stats = json.loads(add["stats"])
+    stats["minValues"]["id"] = str(stats["minValues"]["id"])  # a long's bound as text
+    stats["maxValues"]["amount"] = -1.0  # below the minimum
+    add["stats"] = json.dumps(stats)
+    path.write_text("".join(json.dumps(a) + "\n" for a in actions))
+    problems = _problems(copy)
+    entry_0 = "_delta_log/00000000000000000000.json line 2 (protocol)"
+    assert f"{entry_0}: protocol.readerFeatures: present with reader version 1 (only with 3)" in problems
+    assert f"{entry_0}: protocol.writerFeatures: missing: writer version 7 lists its features" in problems
+    assert f"{ENTRY_1} line 2 (add): add.stats.minValues.id: " in problems
+    assert "is not a bound of a long column" in problems
+    assert f"{ENTRY_1} line 2 (add): add.stats.minValues.amount: " in problems and "above the maximum -1.0" in problems
+
+
+def test_iceberg_metadata_whose_main_branch_sequence_numbers_and_properties_are_wrong_is_reported(
+    iceberg_table, tmp_path
+):
+    copy = tmp_path / "copy"
+    shutil.copytree(iceberg_table, copy)
+    checker = IcebergConformance(str(copy))
+    newest = Path(checker.metadata_files()[-1])
+    meta = json.loads(newest.read_text())
+    assert len(meta["snapshots"]) == 2, "a snapshot per roll"
+    first, second = meta["snapshots"]
+    meta["refs"]["main"]["snapshot-id"] = first["snapshot-id"]  # not the current snapshot
+    second["sequence-number"] = first["sequence-number"]  # not after the older snapshot's
+    meta["properties"]["commit.retry.num-retries"] = 4  # a number, not a string
+    meta["partition-specs"][0]["fields"][0]["source-id"] = 99  # no such column
+    newest.write_text(json.dumps(meta))
+    with pytest.raises(AssertionError) as raised:
+        checker.check()
+    problems = str(raised.value)
+    where = f"metadata/{newest.name}"
+    assert f"{where}: refs.main: " in problems and "does not point at the current snapshot" in problems
+    assert f"{where}: snapshots.sequence-number: snapshot {second['snapshot-id']}" in problems
+    assert f"{where}: metadata.properties: values must be strings" in problems
+    assert f"{where}: partition-specs[0].fields[0].source-id: 99 is no field of any schema" in problems
+
+
 def test_an_iceberg_manifest_with_a_wrong_record_count_is_reported(tmp_path):
     """The manifest of the table's newest snapshot written again (pyiceberg's writer) with its first entry's record
     count one more than its file's (the metadata names files by absolute paths: the table is a table of its own)."""

@@ -350,6 +350,32 @@ def _has_type(type_: Any, name: str) -> bool:
     return False
 
 
+def bound_problem(value: Any, type_: Any) -> str | None:
+    """Why ``value`` is not a statistic (minimum or maximum) of a column of the Delta type ``type_`` in the JSON
+    shape the protocol's readers take: a number for a number, text for a string, a date or a timestamp."""
+    if value is None or not isinstance(type_, str):
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if type_ in ("long", "integer", "short", "byte"):
+        ok = number and isinstance(value, int)
+    elif type_ in ("float", "double") or type_.startswith("decimal"):
+        ok = number
+    elif type_ == "string":
+        ok = isinstance(value, str)
+    elif type_ == "boolean":
+        ok = isinstance(value, bool)
+    elif type_ == "date":
+        try:
+            ok = isinstance(value, str) and bool(date.fromisoformat(value))
+        except ValueError:
+            ok = False
+    elif type_ in ("timestamp", "timestamp_ntz"):
+        ok = isinstance(value, str) and bool(_TIMESTAMP.match(value))
+    else:
+        return None
+    return None if ok else f"{value!r} is not a bound of a {type_} column"
+
+
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -724,6 +750,13 @@ class DeltaConformance:
         for key in ("minValues", "maxValues", "nullCount"):
             if key in stats:
                 self._stat_values(problems, where, f"{at}.{key}", stats[key], fields, key == "nullCount", records)
+        lows, highs = stats.get("minValues"), stats.get("maxValues")
+        if isinstance(lows, dict) and isinstance(highs, dict):
+            for name in sorted(set(lows) & set(highs)):
+                low, high = lows[name], highs[name]
+                same = isinstance(low, str) == isinstance(high, str) and not isinstance(low, dict | list | bool)
+                if same and low is not None and high is not None and low > high:
+                    problems.add(where, f"{at}.minValues.{name}", f"{low!r} is above the maximum {high!r}")
 
     def _stat_values(
         self,
@@ -754,6 +787,10 @@ class DeltaConformance:
                     problems.add(where, f"{at}.{name}", f"{value} nulls in {records} records")
             elif isinstance(value, dict | list):
                 problems.add(where, f"{at}.{name}", f"a bound of a {type_!r:.40} column must be a single value")
+            else:
+                problem = bound_problem(value, type_)
+                if problem:
+                    problems.add(where, f"{at}.{name}", problem)
 
     def _check_file(self, problems: Problems, where: str, kind: str, fields: dict[str, Any]) -> None:
         if "partitionValues" in fields:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import struct
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -345,6 +346,50 @@ def _partition_type_problem(value: Any, source: Any, transform: str) -> str | No
         not isinstance(value, int) or isinstance(value, bool)
     ):
         return f"{value!r} is no integer ({transform})"
+    return None
+
+
+WIDTHS = {"boolean": 1, "int": 4, "date": 4, "float": 4, "long": 8, "double": 8, "time": 8, "uuid": 16}
+WIDTHS.update({t: 8 for t in ("timestamp", "timestamptz", "timestamp_ns", "timestamptz_ns")})
+"""The bytes of a bound of each fixed-width type (Iceberg's single-value serialization, little-endian)."""
+FORMATS = {"int": "<i", "date": "<i", "long": "<q", "time": "<q", "float": "<f", "double": "<d"}
+FORMATS.update({t: "<q" for t in ("timestamp", "timestamptz", "timestamp_ns", "timestamptz_ns")})
+
+
+def bound_problem(raw: Any, type_: Any) -> str | None:
+    """Why ``raw`` is not a bound of a field of the Iceberg type ``type_`` (None: it is, or the type says nothing)."""
+    if not isinstance(raw, bytes):
+        return f"a bound must be bytes, is {_kind(raw)}"
+    if not isinstance(type_, str):
+        return None
+    fixed = FIXED.match(type_)
+    width = WIDTHS.get(type_) or (int(fixed.group(1)) if fixed else None)
+    if width is not None and len(raw) != width:
+        return f"{len(raw)} bytes for a {type_} (its serialization is {width} bytes)"
+    if DECIMAL.match(type_) and not 1 <= len(raw) <= 16:
+        return f"{len(raw)} bytes for a {type_} (1 to 16)"
+    if type_ == "string":
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"{raw[:20]!r}: a string's bound is UTF-8"
+    return None
+
+
+def decoded(raw: Any, type_: Any) -> Any:
+    """A bound's value where it has an order this check compares (numbers, strings), else None."""
+    if not isinstance(raw, bytes) or not isinstance(type_, str):
+        return None
+    try:
+        if type_ in FORMATS:
+            value = struct.unpack(FORMATS[type_], raw)[0]
+            return None if isinstance(value, float) and value != value else value
+        if DECIMAL.match(type_):
+            return int.from_bytes(raw, "big", signed=True)
+        if type_ in ("string", "binary"):
+            return raw
+    except (struct.error, ValueError):
+        return None
     return None
 
 
@@ -868,6 +913,7 @@ class IcebergConformance:
                     bad = {k: v for k, v in pairs.items() if not isinstance(v, int) or v < 0}
                     if bad:
                         problems.add(where, f"{at}.data_file.{key}", f"counts must be non-negative integers: {bad}")
+            self._bounds(problems, where, f"{at}.data_file", df, types)
             if status in (0, 1) and isinstance(df.get("file_path"), str):
                 self._data_file(problems, where, at, df)
         self.manifests[path] = entries
@@ -897,6 +943,24 @@ class IcebergConformance:
             problem = _partition_type_problem(partition[f["name"]], source, str(f.get("transform")))
             if problem:
                 problems.add(where, f"{at}.{f['name']}", problem)
+
+    def _bounds(self, problems: Problems, where: str, at: str, df: dict[str, Any], types: dict[int, Any]) -> None:
+        """Lower and upper bounds in the single-value serialization of their fields' types, lower not above upper;
+        null counts not above value counts."""
+        lows, highs = _pairs(df.get("lower_bounds")) or {}, _pairs(df.get("upper_bounds")) or {}
+        for key, bounds in (("lower_bounds", lows), ("upper_bounds", highs)):
+            for fid, raw in bounds.items():
+                problem = bound_problem(raw, types.get(fid))
+                if problem:
+                    problems.add(where, f"{at}.{key}[{fid}]", problem)
+        for fid in sorted(set(lows) & set(highs)):
+            low, high = decoded(lows[fid], types.get(fid)), decoded(highs[fid], types.get(fid))
+            if low is not None and high is not None and low > high:
+                problems.add(where, f"{at}.lower_bounds[{fid}]", f"{low!r} is above the upper bound {high!r}")
+        values, nulls = _pairs(df.get("value_counts")) or {}, _pairs(df.get("null_value_counts")) or {}
+        for fid in sorted(set(values) & set(nulls)):
+            if isinstance(nulls[fid], int) and isinstance(values[fid], int) and nulls[fid] > values[fid]:
+                problems.add(where, f"{at}.null_value_counts[{fid}]", f"{nulls[fid]} nulls in {values[fid]} values")
 
     def _data_file(self, problems: Problems, where: str, at: str, df: dict[str, Any]) -> None:
         path = self.path(df["file_path"])
