@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from conformance import check_table
+from conformance import Table, check_table, check_tables, cursor
 from delta_conformance import DeltaConformance
 from iceberg_conformance import IcebergConformance
 from sink_helpers import append_epoch, batch_rows
@@ -84,8 +84,22 @@ def _first(actions: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def test_the_sinks_tables_conform_and_both_readers_read_the_same_rows(delta_table, iceberg_table):
-    check_table("delta", str(delta_table))
-    check_table("iceberg", str(iceberg_table))
+    check_tables([Table("delta", str(delta_table)), Table("iceberg", str(iceberg_table))])  # one DuckDB run
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_table_made_anew_at_the_same_location_is_checked_from_its_start(tmp_path, table_format):
+    table = _write(tmp_path, table_format, epochs=4)
+    check_table(table_format, str(table), duckdb=False)
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
+    _write(tmp_path, table_format, epochs=2)  # another table: one commit, another id
+    check_table(table_format, str(table), duckdb=False)
+    checker = cursor(table_format, str(table))
+    if isinstance(checker, DeltaConformance):
+        assert (checker.replay.version, len(checker.replay.files)) == (1, 3), "the new table's log, from version 0"
+    else:  # the old table's files would have been reported: another table-uuid
+        assert [p for p in checker.checked if p.endswith(".metadata.json")] == checker.metadata_files()
 
 
 def test_a_map_written_as_a_json_array_is_reported(delta_table, tmp_path):

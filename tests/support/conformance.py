@@ -6,6 +6,7 @@ conforms to its format's specification and that independent readers read the sam
     check_table("delta", str(tmp_path / "table"))                    # after each commit, or at a test's end
     check_table("iceberg", str(tmp_path / "table"), metadata_location=table.metadata_location)
     check_table("delta", str(tmp_path / "table"), duckdb=False)      # the log checks and deltalake only: cheap
+    check_tables([Table("delta", a), Table("iceberg", b)])           # several tables, one DuckDB subprocess
 
 :func:`check_table` raises :class:`AssertionError` naming the file, the action (or entry) and the field of every
 problem, or the rows on which the readers differ; it returns nothing.
@@ -14,13 +15,13 @@ problem, or the rows on which the readers differ; it returns nothing.
   location in this process: a call checks only the log entries, checkpoints, metadata files, manifest lists and
   manifests that are new since the previous call on the same location (a table made anew there is noticed and
   checked from its start), so calling it after every commit costs what the commit wrote.
-- **The readers**: deltalake (delta-rs) and DuckDB's ``delta_scan`` for Delta; pyiceberg and DuckDB's
-  ``iceberg_scan`` (of the current metadata file) for Iceberg. Their rows are compared as exact multisets, every
-  value in the JSON shapes of ``duckdb_reader.py`` (timestamps as ISO text in UTC, decimals as text, bytes as hex,
-  maps as objects). DuckDB runs in its pinned environment (``duckdb_env.py``), one subprocess per call (about a
-  second): ``duckdb=False`` leaves it out (the first reader still reads the whole table). DuckDB reads local
-  tables only (a table on S3 is read by the first reader alone), and where its environment cannot be built the
-  call warns and compares nothing.
+- **The readers** (the whole table, at every call): deltalake (delta-rs) and DuckDB's ``delta_scan`` for Delta;
+  pyiceberg and DuckDB's ``iceberg_scan`` (of the current metadata file) for Iceberg. Their rows are compared as
+  exact multisets, every value in the JSON shapes of ``duckdb_reader.py`` (timestamps as ISO text in UTC, decimals
+  as text, bytes as hex, maps as objects). DuckDB runs in its pinned environment (``duckdb_env.py``), one
+  subprocess per call (about a second; :func:`check_tables` reads several tables in one): ``duckdb=False`` leaves
+  it out (the first reader still reads the whole table). DuckDB reads local tables only (a table on S3 is read by
+  the first reader alone), and where its environment cannot be built the call warns and compares nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import json
 import math
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,22 @@ def cursor(table_format: str, location: str, *, fs: Any = None, options: Mapping
     return found
 
 
+@dataclass(frozen=True)
+class Table:
+    """A table to check (the arguments of :func:`check_table`), for :func:`check_tables`."""
+
+    format: str
+    """``"delta"`` or ``"iceberg"``."""
+    location: str
+    """The table's root: a local path or an fsspec URL."""
+    fs: Any = None
+    """An fsspec file system for ``location`` (default: the URL's, with ``options``)."""
+    options: Mapping[str, Any] | None = None
+    """The sink's s3fs options for a table on S3."""
+    metadata_location: str | None = None
+    """Iceberg: the catalog's current metadata file (default: the newest under ``<location>/metadata/``)."""
+
+
 def check_table(
     table_format: str,
     location: str,
@@ -73,29 +91,37 @@ def check_table(
     new since the last call conforms to the specification, and the readers read the same rows (see the module's
     notes). ``metadata_location`` is an Iceberg table's current metadata file (default: the newest under
     ``<location>/metadata/``). Raises AssertionError naming the file, action and field of each problem."""
-    checker = cursor(table_format, location, fs=fs, options=options)
-    if isinstance(checker, DeltaConformance):
-        if checker.check() < 0:
-            return  # no table yet
-        first = delta_rows(location, options)
-        scan = {"format": "delta", "location": str(location)}
-    else:
-        newest = checker.check(metadata_location)
-        if newest is None:
-            return
-        first = iceberg_rows(newest, options)
-        scan = {"format": "iceberg", "location": newest}
-    if not duckdb or "://" in str(scan["location"]).removeprefix("file://"):
+    check_tables([Table(table_format, location, fs, options, metadata_location)], duckdb=duckdb)
+
+
+def check_tables(tables: Sequence[Table], *, duckdb: bool = True) -> None:
+    """:func:`check_table` for several tables, with one DuckDB subprocess for all of them."""
+    firsts: list[tuple[Table, Rows]] = []
+    scans: list[dict[str, Any]] = []
+    for table in tables:
+        checker = cursor(table.format, table.location, fs=table.fs, options=table.options)
+        if isinstance(checker, DeltaConformance):
+            if checker.check() < 0:
+                continue  # no table yet
+            first = delta_rows(table.location, table.options)
+            scan = {"format": "delta", "location": str(table.location).removeprefix("file://")}
+        else:
+            newest = checker.check(table.metadata_location)
+            if newest is None:
+                continue
+            first = iceberg_rows(newest, table.options)
+            scan = {"format": "iceberg", "location": newest}
+        if duckdb and "://" not in scan["location"]:  # DuckDB reads local tables only
+            firsts.append((table, first))
+            scans.append(scan)
+    if not scans:
         return
-    second = duckdb_rows(scan)
-    if second is None:
+    seconds = duckdb_rows(scans)
+    if seconds is None:
         return
-    compare(
-        first,
-        second,
-        f"{table_format} table at {location}",
-        ("deltalake" if table_format == "delta" else "pyiceberg", "DuckDB"),
-    )
+    for (table, first), second in zip(firsts, seconds, strict=True):
+        reader = "deltalake" if table.format == "delta" else "pyiceberg"
+        compare(first, second, f"{table.format} table at {table.location}", (reader, "DuckDB"))
 
 
 # -- readers -----------------------------------------------------------------------------------------------------
@@ -171,8 +197,9 @@ def iceberg_rows(metadata_path: str, options: Mapping[str, Any] | None) -> Rows:
     return arrow_rows(table.scan().to_arrow())
 
 
-def duckdb_rows(scan: dict[str, Any]) -> Rows | None:
-    """DuckDB's columns and rows of one scan (``duckdb_reader.py``); None where its environment cannot be built."""
+def duckdb_rows(scans: list[dict[str, Any]]) -> list[Rows] | None:
+    """DuckDB's columns and rows of each scan (``duckdb_reader.py``, one subprocess for all); None where its
+    environment cannot be built."""
     from duckdb_env import pinned_duckdb
     from helpers import SUPPORT, run
 
@@ -183,20 +210,22 @@ def duckdb_rows(scan: dict[str, Any]) -> Rows | None:
         warnings.warn(f"the tables are not read with DuckDB: {reason}", stacklevel=3)
         return None
     done = run(
-        [str(python), str(SUPPORT / "duckdb_reader.py"), json.dumps([scan])],
+        [str(python), str(SUPPORT / "duckdb_reader.py"), json.dumps(scans)],
         READ_DEADLINE,
-        "DuckDB reading the table",
+        "DuckDB reading the tables",
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, (
-        f"DuckDB could not read {scan['location']} (exit {done.returncode}):\n{done.stderr[-3000:]}"
+        f"DuckDB could not read {[s['location'] for s in scans]} (exit {done.returncode}):\n{done.stderr[-3000:]}"
     )
-    [answer] = json.loads(done.stdout)
-    rows: Counter[tuple[str, ...]] = Counter(
-        tuple(_text("NaN" if isinstance(v, float) and math.isnan(v) else v) for v in row) for row in answer["rows"]
-    )
-    return answer["columns"], rows
+    out: list[Rows] = []
+    for answer in json.loads(done.stdout):
+        rows: Counter[tuple[str, ...]] = Counter(
+            tuple(_text("NaN" if isinstance(v, float) and math.isnan(v) else v) for v in row) for row in answer["rows"]
+        )
+        out.append((answer["columns"], rows))
+    return out
 
 
 def compare(first: Rows, second: Rows, what: str, names: tuple[str, str]) -> None:

@@ -467,6 +467,17 @@ class IcebergConformance:
                 pass  # reported by the check of the file itself
         else:
             files = self.metadata_files()
+        if (
+            files
+            and self.uuid is not None
+            and self._uuid_of(files[0 if metadata_location else -1])
+            not in (
+                None,
+                self.uuid,
+            )
+        ):  # a table made anew at the same location: checked from its start
+            fs, location = self.fs, self.location
+            self.__init__(location, fs=fs)  # type: ignore[misc]
         for path in files:
             if path not in self.checked:
                 self._metadata(problems, path)
@@ -478,6 +489,12 @@ class IcebergConformance:
             return None
         local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         return files[-1] if local else self.fs.unstrip_protocol(files[-1])
+
+    def _uuid_of(self, path: str) -> str | None:
+        try:
+            return str(uuid.UUID(str(json.loads(self.fs.cat_file(path)).get("table-uuid"))))
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
 
     # -- metadata files ------------------------------------------------------------------------------------------
 
