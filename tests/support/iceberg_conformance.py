@@ -386,10 +386,23 @@ def decoded(raw: Any, type_: Any) -> Any:
             return None if isinstance(value, float) and value != value else value
         if DECIMAL.match(type_):
             return int.from_bytes(raw, "big", signed=True)
-        if type_ in ("string", "binary"):
+        if type_ in ("string", "binary") or FIXED.match(type_) or type_ == "uuid":
             return raw
+        if type_ == "boolean":
+            return raw != b"\x00"
     except (struct.error, ValueError):
         return None
+    return None
+
+
+def _comparable(value: Any, type_: Any) -> Any:
+    """A partition value as the manifest's Avro holds it, in :func:`decoded`'s terms (None: not compared)."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes) and isinstance(type_, str) and DECIMAL.match(type_):
+        return int.from_bytes(value, "big", signed=True)
+    if isinstance(value, bool | int | float | bytes):
+        return None if isinstance(value, float) and value != value else value
     return None
 
 
@@ -421,6 +434,8 @@ class IcebergConformance:
         self.checked: set[str] = set()
         """Metadata files, manifest lists and manifests checked (paths as the file system takes them)."""
         self.manifests: dict[str, list[dict[str, Any]]] = {}
+        self.types: dict[str, dict[int, Any]] = {}
+        """The field types of each manifest's schema (path -> field id -> type)."""
         """The entries of each manifest read (path -> entries)."""
 
     def path(self, uri: str) -> str:
@@ -797,6 +812,8 @@ class IcebergConformance:
             if isinstance(partitions, list) and spec_id in specs and len(partitions) != len(specs[spec_id]):
                 problems.add(where, f"{at}.partitions", f"{len(partitions)} summaries for {len(specs[spec_id])} fields")
             entries = self._manifest(problems, manifest, entry, specs.get(spec_id or 0, []), all_ids, meta)
+            if isinstance(partitions, list) and spec_id in specs and len(partitions) == len(specs[spec_id]):
+                self._summaries(problems, where, at, partitions, specs[spec_id], entries, self.types.get(manifest, {}))
             counted = {0: [0, 0], 1: [0, 0], 2: [0, 0]}
             for e in entries:
                 status = e.get("status")
@@ -934,8 +951,48 @@ class IcebergConformance:
             if status in (0, 1) and isinstance(df.get("file_path"), str):
                 self._data_file(problems, where, at, df)
         self.manifests[path] = entries
+        self.types[path] = types
         self.checked.add(path)
         return entries
+
+    def _summaries(
+        self,
+        problems: Problems,
+        where: str,
+        at: str,
+        partitions: list[Any],
+        spec: list[dict[str, Any]],
+        entries: list[dict[str, Any]],
+        types: dict[int, Any],
+    ) -> None:
+        """A manifest list's partition field summaries against the manifest's partition tuples: a null where
+        ``contains_null`` says none, or a value outside the bounds, would make a reader skip the manifest's files."""
+        for i, (summary, f) in enumerate(zip(partitions, spec, strict=True)):
+            if not isinstance(summary, dict):
+                continue
+            transform = str(f.get("transform"))
+            source = types.get(f.get("source-id"))
+            result = source if transform == "identity" or transform.startswith("truncate") else "int"
+            values = [
+                (e.get("data_file") or {}).get("partition", {}).get(f.get("name"))
+                for e in entries
+                if isinstance((e.get("data_file") or {}).get("partition"), dict)
+            ]
+            name = f"{at}.partitions[{i}] ({f.get('name')})"
+            if any(v is None for v in values) and summary.get("contains_null") is False:
+                problems.add(where, f"{name}.contains_null", "false, and a file of the manifest has a null value")
+            present = [_comparable(v, result) for v in values if v is not None]
+            present = [v for v in present if v is not None]
+            if not present or transform == "void":
+                continue
+            low, high = decoded(summary.get("lower_bound"), result), decoded(summary.get("upper_bound"), result)
+            if summary.get("lower_bound") is None or summary.get("upper_bound") is None:
+                problems.add(where, name, "no bounds, and the manifest's files have values")
+                continue
+            if low is not None and low > min(present):
+                problems.add(where, f"{name}.lower_bound", f"{low!r} is above the value {min(present)!r} of a file")
+            if high is not None and high < max(present):
+                problems.add(where, f"{name}.upper_bound", f"{high!r} is below the value {max(present)!r} of a file")
 
     def _partition(
         self,
