@@ -265,6 +265,39 @@ def test_an_iceberg_manifest_with_a_wrong_record_count_is_reported(tmp_path):
     assert ".added_rows_count: " in problems  # the manifest list's count is no longer the manifest's
 
 
+def test_an_iceberg_manifest_list_whose_partition_bounds_leave_out_a_file_is_reported(tmp_path):
+    """The newest snapshot's manifest list written again (pyiceberg's writer) with its manifest's lower bound of
+    ``event_date`` past the manifest's smallest value: a reader filtering on the partition would skip files that
+    hold matching rows."""
+    from pyiceberg.manifest import write_manifest_list
+    from pyiceberg.table import StaticTable
+
+    table_path = _write(tmp_path, "iceberg", epochs=2)
+    checker = IcebergConformance(str(table_path))
+    table = StaticTable.from_metadata(f"file://{checker.metadata_files()[-1]}")
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    [manifest] = snapshot.manifests(table.io)
+    [summary] = manifest.partitions or []
+    assert summary.lower_bound is not None and summary.lower_bound < b"2024-01-03"
+    summary[2] = b"2024-01-03"  # lower_bound, the summary's 3rd field: past the manifest's first days
+    Path(snapshot.manifest_list.removeprefix("file://")).unlink()
+    with write_manifest_list(
+        format_version=2,
+        output_file=table.io.new_output(snapshot.manifest_list),
+        snapshot_id=snapshot.snapshot_id,
+        parent_snapshot_id=snapshot.parent_snapshot_id,
+        sequence_number=snapshot.sequence_number,
+        avro_compression="deflate",
+    ) as writer:
+        writer.add_manifests([manifest])
+    with pytest.raises(AssertionError) as raised:
+        checker.check()
+    problems = str(raised.value)
+    name = Path(snapshot.manifest_list).name
+    assert f"metadata/{name}: manifest[0].partitions[0] (event_date).lower_bound: b'2024-01-03' is above" in problems
+
+
 def test_the_old_bug_planted_back_is_caught_on_the_table_the_sink_writes(tmp_path, monkeypatch):
     """The sink's reader of a checkpoint giving the ``metaData`` as Arrow gives it (maps as lists of pairs): the
     restarted sink's first commit with a new column writes ``"options":[]``, which the hook reports."""
