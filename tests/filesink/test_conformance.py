@@ -194,7 +194,8 @@ def test_a_protocol_inconsistent_with_its_versions_and_a_bound_of_the_wrong_type
     add = _first(actions, "add")
     stats = json.loads(add["stats"])
     stats["minValues"]["id"] = str(stats["minValues"]["id"])  # a long's bound as text
-    stats["maxValues"]["amount"] = -1.0  # below the minimum
+    stats["maxValues"]["amount"] = -1.0  # below the minimum, and below the file's values
+    stats["numRecords"] += 1  # not the file's rows
     add["stats"] = json.dumps(stats)
     path.write_text("".join(json.dumps(a) + "\n" for a in actions))
     problems = _problems(copy)
@@ -204,6 +205,10 @@ def test_a_protocol_inconsistent_with_its_versions_and_a_bound_of_the_wrong_type
     assert f"{ENTRY_1} line 2 (add): add.stats.minValues.id: " in problems
     assert "is not a bound of a long column" in problems
     assert f"{ENTRY_1} line 2 (add): add.stats.minValues.amount: " in problems and "above the maximum -1.0" in problems
+    assert f"{ENTRY_1} line 2 (add): add.stats.maxValues.amount: -1.0, the file {add['path']} holds " in problems
+    assert (
+        f"{ENTRY_1} line 2 (add): add.stats.numRecords: {stats['numRecords']}, the file {add['path']} has " in problems
+    )
 
 
 def test_iceberg_metadata_whose_main_branch_sequence_numbers_and_properties_are_wrong_is_reported(

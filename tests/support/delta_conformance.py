@@ -48,6 +48,7 @@ from urllib.parse import unquote, urlparse
 
 import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 LOG_DIR = "_delta_log"
@@ -535,7 +536,7 @@ class DeltaConformance:
                 "versions",
                 f"the entries {new[:20]} are not contiguous from version {replay.version + 1}",
             )
-        added: list[tuple[str, str, int | None]] = []
+        added: list[tuple[str, str, int | None, str | None]] = []
         for version in new:
             if version != replay.version + 1:
                 break
@@ -546,7 +547,7 @@ class DeltaConformance:
             if all(n in self.checkpoints for n in names_of) or version > replay.version:
                 continue
             self._checkpoint(problems, version, names_of)
-        for where, path, size in added:
+        for where, path, size, stats in added:
             if path not in replay.files:
                 continue  # removed since (a compaction): a vacuum may have deleted it
             found = self._size(self.data_path(path))
@@ -554,9 +555,57 @@ class DeltaConformance:
                 problems.add(where, "add.path", f"{path}: no such file under the table's root {self.root}")
             elif found != size:
                 problems.add(where, "add.size", f"{path} is {found} bytes, the action says {size}")
+            elif isinstance(stats, str):
+                self._file_stats(problems, where, path, stats)
         self._last_checkpoint(problems, names, checkpoints)
         problems.raise_any(self.location)
         return replay.version
+
+    def _file_stats(self, problems: Problems, where: str, path: str, text: str) -> None:
+        """An ``add``'s statistics against its file's data: ``numRecords`` the footer's rows, each top-level
+        column's ``nullCount`` its nulls, ``minValues``/``maxValues`` at or beyond its smallest and largest value
+        (a reader skips the file by them)."""
+        try:
+            stats = json.loads(text)
+        except ValueError:
+            return  # reported with the action
+        if not isinstance(stats, dict):
+            return
+        with self.fs.open(self.data_path(path), "rb") as f:
+            parquet = pq.ParquetFile(f)
+            rows = parquet.metadata.num_rows
+            if "numRecords" in stats and stats["numRecords"] != rows:
+                problems.add(where, "add.stats.numRecords", f"{stats['numRecords']}, the file {path} has {rows} rows")
+            keyed = [stats.get(k) if isinstance(stats.get(k), dict) else {} for k in ("minValues", "maxValues")]
+            nulls = stats.get("nullCount") if isinstance(stats.get("nullCount"), dict) else {}
+            names = set(parquet.schema_arrow.names)
+            wanted = sorted(n for n in set(keyed[0]) | set(keyed[1]) | set(nulls) if n in names)
+            data = parquet.read(columns=wanted) if wanted else None
+        for name in wanted:
+            column = data[name] if data is not None else None
+            if column is None:
+                continue
+            count = nulls.get(name)
+            if isinstance(count, int) and not isinstance(count, dict) and count != column.null_count:
+                problems.add(where, f"add.stats.nullCount.{name}", f"{count}, the file {path} has {column.null_count}")
+            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)) and not (
+                pa.types.is_string(column.type) or pa.types.is_date(column.type)
+            ):
+                continue
+            valid = column.drop_null()
+            if pa.types.is_floating(column.type):
+                valid = valid.filter(pc.invert(pc.is_nan(valid)))
+            if len(valid) == 0:
+                continue
+            actual = pc.min_max(valid).as_py()
+            lo, hi = actual["min"], actual["max"]
+            if pa.types.is_date(column.type):
+                lo, hi = lo.isoformat(), hi.isoformat()
+            low, high = keyed[0].get(name), keyed[1].get(name)
+            if _comparable(low, lo) and low > lo:
+                problems.add(where, f"add.stats.minValues.{name}", f"{low!r}, the file {path} holds {lo!r}")
+            if _comparable(high, hi) and high < hi:
+                problems.add(where, f"add.stats.maxValues.{name}", f"{high!r}, the file {path} holds {hi!r}")
 
     def _checkpoints(self, names: list[str]) -> dict[int, int | None]:
         """The complete checkpoints in the log: version -> parts (None: a single file)."""
@@ -574,7 +623,7 @@ class DeltaConformance:
             return [f"{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)]
         return [f"{version:020d}.checkpoint.parquet"]
 
-    def _entry(self, problems: Problems, version: int) -> list[tuple[str, str, int | None]]:
+    def _entry(self, problems: Problems, version: int) -> list[tuple[str, str, int | None, str | None]]:
         """Check the entry at ``version`` and replay it; return its ``add`` actions (where, path, size)."""
         name = f"{version:020d}.json"
         where_file = f"{LOG_DIR}/{name}"
@@ -582,7 +631,7 @@ class DeltaConformance:
         kinds: dict[str, int] = {}
         paths: dict[tuple[str, str], int] = {}
         replay = self.replay
-        added: list[tuple[str, str, int | None]] = []
+        added: list[tuple[str, str, int | None, str | None]] = []
         lines = data.decode("utf-8", errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
@@ -622,7 +671,7 @@ class DeltaConformance:
                 replay.txns[fields["appId"]] = fields.get("version")  # type: ignore[assignment]
             elif kind == "add" and isinstance(fields.get("path"), str):
                 replay.files[fields["path"]] = fields.get("size")
-                added.append((where, fields["path"], fields.get("size")))
+                added.append((f"{where} (add)", fields["path"], fields.get("size"), fields.get("stats")))
             elif kind == "remove" and isinstance(fields.get("path"), str):
                 replay.files.pop(fields["path"], None)
         for kind in ("protocol", "metaData"):
@@ -954,6 +1003,14 @@ class DeltaConformance:
                 problems.add(
                     where, "_last_checkpoint.numOfAddFiles", f"{hint['numOfAddFiles']}, the checkpoint has {adds}"
                 )
+
+
+def _comparable(bound: Any, value: Any) -> bool:
+    """Whether a statistic and a file's value are of kinds this check orders (numbers, or text)."""
+    if isinstance(bound, bool) or isinstance(value, bool):
+        return False
+    numbers = isinstance(bound, int | float) and isinstance(value, int | float)
+    return numbers or (isinstance(bound, str) and isinstance(value, str))
 
 
 def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
