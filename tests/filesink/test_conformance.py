@@ -238,7 +238,8 @@ def test_iceberg_metadata_whose_main_branch_sequence_numbers_and_properties_are_
 
 def test_an_iceberg_manifest_with_a_wrong_record_count_is_reported(tmp_path):
     """The manifest of the table's newest snapshot written again (pyiceberg's writer) with its first entry's record
-    count one more than its file's (the metadata names files by absolute paths: the table is a table of its own)."""
+    count and null counts one more than its file's (the metadata names files by absolute paths: the table is a table
+    of its own)."""
     from pyiceberg.manifest import write_manifest
     from pyiceberg.table import StaticTable
 
@@ -261,12 +262,14 @@ def test_an_iceberg_manifest_with_a_wrong_record_count_is_reported(tmp_path):
         for i, entry in enumerate(entries):
             if i == 0:
                 entry.data_file[4] = entry.data_file.record_count + 1  # record_count, the data file's 5th field
+                entry.data_file[8] = {k: v + 1 for k, v in entry.data_file.null_value_counts.items()}  # 9th
             writer.add_entry(entry)
     with pytest.raises(AssertionError) as raised:
         checker.check()
     problems = str(raised.value)
     assert f"metadata/{target.name}: entry[0].data_file.record_count: " in problems
     assert "the Parquet footer of" in problems
+    assert f"metadata/{target.name}: entry[0].data_file.null_value_counts[1] (id): 1, the file has 0" in problems
     assert ".added_rows_count: " in problems  # the manifest list's count is no longer the manifest's
 
 

@@ -38,6 +38,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from avro_records import read_avro
 
@@ -392,6 +394,32 @@ def decoded(raw: Any, type_: Any) -> Any:
             return raw != b"\x00"
     except (struct.error, ValueError):
         return None
+    return None
+
+
+def _orderable(column: pa.ChunkedArray, type_: Any) -> tuple[Any, Any] | None:
+    """A column's smallest and largest value in :func:`decoded`'s terms (None: no value, or a type not compared)."""
+    valid = column.drop_null()
+    if pa.types.is_floating(valid.type):
+        valid = valid.filter(pc.invert(pc.is_nan(valid)))
+    if len(valid) == 0 or not isinstance(type_, str):
+        return None
+    if type_ in ("int", "long", "float", "double"):
+        found = pc.min_max(valid).as_py()
+        return found["min"], found["max"]
+    if type_ == "date":
+        found = pc.min_max(valid.cast(pa.int32())).as_py()
+        return found["min"], found["max"]
+    if type_ in ("timestamp", "timestamptz") and pa.types.is_timestamp(valid.type) and valid.type.unit == "us":
+        found = pc.min_max(valid.cast(pa.int64())).as_py()
+        return found["min"], found["max"]
+    if type_ == "string":
+        found = pc.min_max(valid).as_py()
+        return found["min"].encode(), found["max"].encode()
+    if DECIMAL.match(type_) and pa.types.is_decimal(valid.type):
+        found = pc.min_max(valid).as_py()
+        scale = valid.type.scale
+        return int(found["min"].scaleb(scale)), int(found["max"].scaleb(scale))
     return None
 
 
@@ -908,6 +936,13 @@ class IcebergConformance:
                 problems.add(where, "metadata schema", f"not a schema: {e}")
         known_ids = schema_ids or {i: None for i in all_ids}
         types = {fid: t for fid, t in schema_ids.items()}
+        top: dict[int, tuple[str, Any]] = {}
+        try:
+            for f in json.loads(md.get("schema") or "{}").get("fields", []):
+                if isinstance(f, dict) and isinstance(f.get("id"), int) and isinstance(f.get("type"), str):
+                    top[f["id"]] = (f.get("name"), f["type"])
+        except (ValueError, AttributeError):
+            pass  # reported above
         entries: list[dict[str, Any]] = []
         for i, entry in enumerate(avro.records):
             at = f"entry[{i}]"
@@ -949,7 +984,7 @@ class IcebergConformance:
                         problems.add(where, f"{at}.data_file.{key}", f"counts must be non-negative integers: {bad}")
             self._bounds(problems, where, f"{at}.data_file", df, types)
             if status in (0, 1) and isinstance(df.get("file_path"), str):
-                self._data_file(problems, where, at, df)
+                self._data_file(problems, where, at, df, top)
         self.manifests[path] = entries
         self.types[path] = types
         self.checked.add(path)
@@ -1036,7 +1071,9 @@ class IcebergConformance:
             if isinstance(nulls[fid], int) and isinstance(values[fid], int) and nulls[fid] > values[fid]:
                 problems.add(where, f"{at}.null_value_counts[{fid}]", f"{nulls[fid]} nulls in {values[fid]} values")
 
-    def _data_file(self, problems: Problems, where: str, at: str, df: dict[str, Any]) -> None:
+    def _data_file(
+        self, problems: Problems, where: str, at: str, df: dict[str, Any], top: dict[int, tuple[str, Any]]
+    ) -> None:
         path = self.path(df["file_path"])
         size = self._size(path)
         if size is None:
@@ -1050,10 +1087,45 @@ class IcebergConformance:
             )
         if df.get("file_format") == "PARQUET" and df.get("content") == 0:
             with self.fs.open(path, "rb") as f:
-                rows = pq.ParquetFile(f).metadata.num_rows
-            if rows != df.get("record_count"):
-                problems.add(
-                    where,
-                    f"{at}.data_file.record_count",
-                    f"{df.get('record_count')}, the Parquet footer of {df['file_path']} has {rows} rows",
-                )
+                parquet = pq.ParquetFile(f)
+                rows = parquet.metadata.num_rows
+                if rows != df.get("record_count"):
+                    problems.add(
+                        where,
+                        f"{at}.data_file.record_count",
+                        f"{df.get('record_count')}, the Parquet footer of {df['file_path']} has {rows} rows",
+                    )
+                names = set(parquet.schema_arrow.names)
+                columns = {fid: (n, t) for fid, (n, t) in top.items() if n in names}
+                data = parquet.read(columns=sorted({n for n, _ in columns.values()})) if columns else None
+            if data is not None:
+                self._column_stats(problems, where, f"{at}.data_file", df, columns, data)
+
+    def _column_stats(
+        self,
+        problems: Problems,
+        where: str,
+        at: str,
+        df: dict[str, Any],
+        columns: dict[int, tuple[str, Any]],
+        data: pa.Table,
+    ) -> None:
+        """A data file's statistics of its top-level columns against its data: value and null counts exact, the
+        bounds at or beyond the smallest and largest value (a reader skips the file by them)."""
+        counts = {k: _pairs(df.get(k)) or {} for k in ("value_counts", "null_value_counts")}
+        lows, highs = _pairs(df.get("lower_bounds")) or {}, _pairs(df.get("upper_bounds")) or {}
+        for fid, (name, type_) in sorted(columns.items()):
+            column = data[name]
+            for key, actual in (("value_counts", len(column)), ("null_value_counts", column.null_count)):
+                have = counts[key].get(fid)
+                if have is not None and have != actual:
+                    problems.add(where, f"{at}.{key}[{fid}] ({name})", f"{have}, the file has {actual}")
+            values = _orderable(column, type_)
+            if values is None:
+                continue
+            lo, hi = values
+            low, high = decoded(lows.get(fid), type_), decoded(highs.get(fid), type_)
+            if low is not None and low > lo:
+                problems.add(where, f"{at}.lower_bounds[{fid}] ({name})", f"{low!r}, the file holds {lo!r}")
+            if high is not None and high < hi:
+                problems.add(where, f"{at}.upper_bounds[{fid}] ({name})", f"{high!r}, the file holds {hi!r}")
