@@ -354,6 +354,9 @@ def _partition_type_problem(value: Any, source: Any, transform: str) -> str | No
 WIDTHS = {"boolean": 1, "int": 4, "date": 4, "float": 4, "long": 8, "double": 8, "time": 8, "uuid": 16}
 WIDTHS.update({t: 8 for t in ("timestamp", "timestamptz", "timestamp_ns", "timestamptz_ns")})
 """The bytes of a bound of each fixed-width type (Iceberg's single-value serialization, little-endian)."""
+PROMOTED = {"long": "int", "double": "float", "timestamp": "date", "timestamptz": "date"}
+"""A field's type -> the type it may have been promoted from: a bound written before the promotion keeps that
+type's serialization (told apart by its length), in a manifest written after it (a merge copies the entries)."""
 FORMATS = {"int": "<i", "date": "<i", "long": "<q", "time": "<q", "float": "<f", "double": "<d"}
 FORMATS.update({t: "<q" for t in ("timestamp", "timestamptz", "timestamp_ns", "timestamptz_ns")})
 
@@ -366,7 +369,8 @@ def bound_problem(raw: Any, type_: Any) -> str | None:
         return None
     fixed = FIXED.match(type_)
     width = WIDTHS.get(type_) or (int(fixed.group(1)) if fixed else None)
-    if width is not None and len(raw) != width:
+    promoted = PROMOTED.get(type_)
+    if width is not None and len(raw) != width and not (promoted and len(raw) == WIDTHS[promoted]):
         return f"{len(raw)} bytes for a {type_} (its serialization is {width} bytes)"
     if DECIMAL.match(type_) and not 1 <= len(raw) <= 16:
         return f"{len(raw)} bytes for a {type_} (1 to 16)"
@@ -383,6 +387,11 @@ def decoded(raw: Any, type_: Any) -> Any:
     if not isinstance(raw, bytes) or not isinstance(type_, str):
         return None
     try:
+        promoted = PROMOTED.get(type_)
+        if promoted is not None and len(raw) == WIDTHS[promoted]:
+            if promoted == "date":
+                return None  # days, not comparable with a timestamp's microseconds here
+            type_ = promoted
         if type_ in FORMATS:
             value = struct.unpack(FORMATS[type_], raw)[0]
             return None if isinstance(value, float) and value != value else value
