@@ -721,6 +721,12 @@ class IcebergConformance:
             known = {s.get("schema-id") for s in meta.get("schemas") or [] if isinstance(s, dict)}
             if schema_id is not None and schema_id not in known:
                 problems.add(where, f"{at}.schema-id", f"{schema_id} is none of the schemas' ids")
+        updated = meta.get("last-updated-ms")
+        late = [
+            sid for sid, snap in out.items() if isinstance(updated, int) and (snap.get("timestamp-ms") or 0) > updated
+        ]
+        if late:
+            problems.add(where, "last-updated-ms", f"{updated}, before the snapshots {late[:5]} were made")
         ordered = sorted(out.values(), key=lambda s: (s.get("timestamp-ms") or 0, s.get("sequence-number") or 0))
         for before, after in itertools.pairwise(ordered):
             if (before.get("sequence-number") or 0) >= (after.get("sequence-number") or 0):
