@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,21 @@ def test_two_action_keys_on_a_line_an_unknown_field_and_a_wrong_size_are_reporte
     assert f"{ENTRY_1} line 2: line: must be a JSON object with exactly one action key, has ['add', 'txn']" in problems
     assert "add.sizeInBytes: a field the protocol does not know" in problems
     assert "add.path: event_date=2024-01-01/gone.parquet: no such file under the table's root" in problems
+
+
+def test_the_kill_campaigns_table_watch_reports_a_nonconforming_entry(delta_table, tmp_path):
+    from table_checker import TableTarget, TableWatch
+
+    def unknown_field(actions):
+        _first(actions, "add")["sizeInBytes"] = 3  # readers ignore it; the protocol has no such field
+
+    copy = _broken_copy(delta_table, tmp_path, ENTRY_1, unknown_field)
+    watch = TableWatch(TableTarget("delta"), str(copy), None, Counter(), seed=5)
+    with pytest.raises(AssertionError) as raised:
+        watch.step("after kill 1", quiet=True, recovered=False)
+    problems = str(raised.value)
+    assert problems.startswith("seed 5: after kill 1: the Delta table at ")
+    assert f"{ENTRY_1} line 2 (add): add.sizeInBytes: a field the protocol does not know" in problems
 
 
 def test_a_gap_in_the_versions_is_reported(delta_table, tmp_path):
