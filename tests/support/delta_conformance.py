@@ -24,8 +24,9 @@ What is checked:
 - ``add`` (and ``remove``, ``cdc``): ``partitionValues`` holding exactly the partition columns, each a string that
   parses as the column's type, or null; ``stats`` a JSON string with an integer ``numRecords`` and
   ``minValues``/``maxValues``/``nullCount`` keyed by the schema's columns (nested for structs, never partition
-  columns); the file exists under the table's root with the ``size`` the action gives; a path added once per
-  version;
+  columns); the file exists under the table's root with the ``size`` the action gives, and its statistics are
+  its data's (``numRecords`` its rows, ``nullCount`` its nulls, the bounds at or beyond its smallest and largest
+  values: readers skip files by them); a path added once per version;
 - ``txn``, ``domainMetadata``, ``commitInfo``: their fields' types;
 - **checkpoints** (single-file and multi-part): the Parquet columns' types (maps as maps of strings, ...), one action
   a row, each action checked as above, and the checkpoint holding exactly the table's state at its version (the

@@ -23,7 +23,10 @@ What is checked:
   fit the snapshot's, and the current snapshot's summary totals are its live files';
 - **manifests**: their metadata (schema, spec, format version, content), each entry's status and snapshot id,
   ``data_file.file_path`` an object of ``file_size_in_bytes`` bytes whose Parquet footer holds ``record_count``
-  rows, its partition tuple of the spec's fields and types, its column statistics keyed by field ids that exist.
+  rows, its partition tuple of the spec's fields and types, its column statistics keyed by field ids that exist,
+  its bounds in their types' serialization (or, for a promoted field, the type it was promoted from) and its value
+  counts, null counts and bounds those of its data; the manifest list's partition summaries cover the manifest's
+  partition tuples (readers skip manifests by them).
 """
 
 from __future__ import annotations
