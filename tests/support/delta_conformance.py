@@ -548,6 +548,10 @@ class DeltaConformance:
             if all(n in self.checkpoints for n in names_of) or version > replay.version:
                 continue
             self._checkpoint(problems, version, names_of)
+        if checkpoints:  # a checkpoint older than the newest one is not written any more: its state is not needed
+            newest = max(v for v in checkpoints if v <= replay.version) if min(checkpoints) <= replay.version else -1
+            for version in [v for v in self.states if v < newest]:
+                del self.states[version]
         for where, path, size, stats in added:
             if path not in replay.files:
                 continue  # removed since (a compaction): a vacuum may have deleted it
