@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conformance import check_table
 from sink_helpers import COLUMNS, append_epoch, batch_rows
 
 from filesink import ExactlyOnceParquetSink, Rollover
@@ -77,6 +78,7 @@ def test_a_roll_is_one_commit_holding_its_files_and_the_marks(tmp_path):
     # per vnode, the table's mark is the epoch the vnode's files reach
     sink_id = history[0]["filesink.sink_id"]
     assert {table.transaction_version(f"{sink_id}-v{v}") for v in range(8)} == {3}
+    check_table("delta", str(tmp_path / "table"))  # every entry conforms to the protocol; DuckDB reads the same rows
 
 
 def test_a_commit_that_did_not_land_is_made_once_by_the_next_start(tmp_path, monkeypatch):
@@ -105,6 +107,7 @@ def test_a_commit_that_did_not_land_is_made_once_by_the_next_start(tmp_path, mon
     again = _open(tmp_path, partition_by=["event_date"])
     again.close()
     assert deltalake.DeltaTable(str(tmp_path / "table")).version() == 1
+    check_table("delta", str(tmp_path / "table"), duckdb=False)
     assert delta.app_id("x", 3) == "x-v3"
 
 
@@ -131,6 +134,7 @@ def test_a_commit_that_landed_is_not_made_again_even_when_its_files_are_gone(tmp
     reopened.close()
     assert deltalake.DeltaTable(str(table_dir)).version() == 1, "committed once"
     assert table_rows(str(table_dir)) == expected
+    check_table("delta", str(table_dir), duckdb=False)
 
 
 def test_an_existing_table_with_other_columns_or_partitions_is_refused(tmp_path):
@@ -142,6 +146,7 @@ def test_an_existing_table_with_other_columns_or_partitions_is_refused(tmp_path)
         sink.flush()
     sink.close()
     assert deltalake.DeltaTable(str(other)).version() == 0, "nothing committed to it"
+    check_table("delta", str(other), duckdb=False)
     unpartitioned = tmp_path / "unpartitioned"
     deltalake.write_deltalake(str(unpartitioned), pa.table({"x": [1]}))
     with pytest.raises(TableFormatError, match="partitioned by"):  # refused at the start, before any state
@@ -194,6 +199,7 @@ def test_the_sink_closes_after_its_checkpoint_in_the_background(tmp_path, monkey
     assert json.loads(hint.read_text())["version"] == 2, "the close waited for the checkpoint"
     assert deltalake.DeltaTable(str(tmp_path / "table")).version() == 2
     assert table_rows(str(tmp_path / "table")) == expected
+    check_table("delta", str(tmp_path / "table"), duckdb=False)  # the checkpoint and _last_checkpoint too
 
 
 def test_a_table_on_s3(tmp_path, s3_prefix, s3_options):
@@ -210,6 +216,7 @@ def test_a_table_on_s3(tmp_path, s3_prefix, s3_options):
 
     got = pl.scan_delta(out, storage_options=storage_options(s3_options)).collect()
     assert Counter(got.select(COLUMNS).iter_rows()) == expected
+    check_table("delta", out, options=s3_options)  # the log as the S3 server holds it
 
 
 def test_statistics_are_taken_from_the_footers(tmp_path):
@@ -223,6 +230,7 @@ def test_statistics_are_taken_from_the_footers(tmp_path):
     ids = [r[0] for r in expected.elements()]
     assert min(a["min.id"] for a in actions) == min(ids) and max(a["max.id"] for a in actions) == max(ids)
     assert json.dumps(actions[0]["null_count.amount"]) == "0"
+    check_table("delta", str(tmp_path / "table"), duckdb=False)
 
 
 def _durable(tmp_path: Path, state: str, table_format: str = "delta", **kwargs) -> ExactlyOnceParquetSink:
@@ -286,6 +294,7 @@ def test_a_paused_older_driver_never_commits_to_the_table(tmp_path, table_format
     a._state_lock.release()
     a.log_store.close()
     assert _read(tmp_path, table_format) == expected
+    check_table(table_format, str(tmp_path / "table"), duckdb=False)
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
@@ -320,6 +329,7 @@ def test_a_lost_state_directory_and_a_rescale_finish_the_table_exactly_once(tmp_
     rebuilt.flush()
     rebuilt.close()
     assert _read(tmp_path, table_format) == expected
+    check_table(table_format, str(tmp_path / "table"), duckdb=False)
 
 
 def _creations(path: str, options: dict | None = None) -> list[dict]:
@@ -346,6 +356,7 @@ def test_the_sink_writes_the_tables_creation_itself(tmp_path):
     import polars as pl
 
     assert Counter(pl.read_delta(out).select(COLUMNS).iter_rows()) == expected
+    check_table("delta", out)  # the sink's version 0 conforms to the protocol; DuckDB reads the same rows
 
 
 def test_a_lost_answer_to_the_tables_creation_creates_it_once(
@@ -366,3 +377,4 @@ def test_a_lost_answer_to_the_tables_creation_creates_it_once(
     from filesink.destination.delta import storage_options
 
     assert deltalake.DeltaTable(out, storage_options=storage_options(s3_options)).version() == 1
+    check_table("delta", out, options=s3_options)

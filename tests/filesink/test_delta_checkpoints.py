@@ -19,6 +19,8 @@ import pytest
 
 deltalake = pytest.importorskip("deltalake")
 
+from conformance import check_table  # noqa: E402
+from delta_conformance import DeltaConformance  # noqa: E402
 from delta_restarts import COLUMNS, INTERVAL, write_restarted_table  # noqa: E402
 
 from filesink.destination.delta_actions import checkpoint_actions, protocol_shape  # noqa: E402
@@ -97,10 +99,13 @@ def test_a_sink_restarted_after_any_checkpoint_takes_a_new_column_that_every_rea
 
     assert Counter(pl.read_delta(uri).select(COLUMNS).iter_rows()) == written.rows
     assert all(row[2] != "" for row in written.rows) and any(row[2] is None for row in written.rows)
+    check_table("delta", uri)  # every entry and checkpoint conforms to the protocol; DuckDB reads the same rows
     # delta-rs checkpoints the sink's entries, and reads the table from that checkpoint alone
     table.create_checkpoint()
+    check_table("delta", uri, duckdb=False)  # the checkpoint holds the state the entries replay to
     for p in log.glob("*.json"):
         p.unlink()
+    assert DeltaConformance(uri).check() == 12, "a log read from its checkpoint alone conforms too"
     assert _rows(deltalake.DeltaTable(uri).to_pyarrow_table()) == written.rows
     # and a new log reader takes the checkpoint's metaData as the last entry wrote it
     state = DeltaLog(uri, {}).load()
@@ -145,6 +150,7 @@ def test_every_action_of_a_checkpoint_reads_back_as_the_entries_wrote_it(tmp_pat
             got[kind][fields[key] if key else None] = fields
         assert got == want, f"checkpoint {checkpoint}"
         assert want["add"] and want["txn"] and (checkpoint == 3 or want["remove"]), "every action type is compared"
+    check_table("delta", str(tmp_path / "table"), duckdb=False)
 
 
 def test_arrow_shapes_of_every_action_type_are_the_protocols_json():

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("pyiceberg")
 
+from conformance import check_table
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
@@ -236,6 +237,7 @@ def test_commit_with_the_embedded_catalog_reads_back_exactly(tmp_path: Path) -> 
     again.make_visible([a, b], w.written, SCHEMA)
     assert len(again.catalog().load_table(TABLE).metadata.snapshots) == 1
     assert again.status()["snapshots"] == 1
+    check_table("iceberg", str(out))  # every metadata file and manifest conforms; DuckDB reads the same rows
 
 
 def test_unpartitioned_table_and_footer_read_from_storage(tmp_path: Path) -> None:
@@ -252,6 +254,7 @@ def test_unpartitioned_table_and_footer_read_from_storage(tmp_path: Path) -> Non
     assert len(table.metadata.snapshots) == 2
     assert summary(table)["filesink.files"] == "part-2"
     assert multiset(scanned(d), COLUMNS) == multiset(w.expected, COLUMNS)
+    check_table("iceberg", str(out), duckdb=False)
 
 
 def test_typed_partition_values_and_null(tmp_path: Path) -> None:
@@ -277,6 +280,7 @@ def test_typed_partition_values_and_null(tmp_path: Path) -> None:
         (f"ts >= '{(BASE + dt.timedelta(seconds=3)).isoformat()}'", [3, 4]),
     ]:
         assert sorted(r["id"] for r in scanned(d, row_filter)) == ids, row_filter
+    check_table("iceberg", str(out))  # typed partition tuples of the spec's types; DuckDB reads the same rows
 
 
 def test_a_file_overlapping_the_marks_is_refused(tmp_path: Path) -> None:
@@ -452,6 +456,7 @@ def test_a_commit_that_lost_a_race_is_built_again_and_never_twice(
     assert sorted(r["id"] for r in scanned(d1)) == [0, 1, 10, 11]
     # a manifest and a manifest list per commit: the refused attempt's were deleted
     assert len(list((out / "metadata").glob("*.avro"))) == 4
+    check_table("iceberg", str(out), duckdb=False)
 
 
 def test_after_an_error_the_table_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -493,6 +498,7 @@ def test_after_an_error_the_table_decides(tmp_path: Path, monkeypatch: pytest.Mo
     d.make_visible(files, w.written, SCHEMA)
     assert d.held(files) == {f.name for f in files}
     assert sorted(r["id"] for r in scanned(d)) == [10, 11, 20, 21, 30, 31, 40, 41]
+    check_table("iceberg", str(out), duckdb=False)
 
 
 @pytest.mark.timeout(180)
@@ -513,6 +519,7 @@ def test_maintain_keeps_the_history_bounded_and_the_marks(tmp_path: Path) -> Non
     assert destination(str(out)).held(files) == {f.name for f in files}  # the marks outlive the snapshots
     assert multiset(scanned(d), COLUMNS) == multiset(w.expected, COLUMNS)
     assert len(list((out / "metadata").glob("*.metadata.json"))) <= 101
+    check_table("iceberg", str(out), duckdb=False)
 
 
 def test_postgres_catalog(tmp_path: Path, postgres_uri: str) -> None:
@@ -531,6 +538,7 @@ def test_postgres_catalog(tmp_path: Path, postgres_uri: str) -> None:
     assert multiset(scanned(again, "country = 'NL'"), COLUMNS) == multiset(
         [r for r in w.expected if r["country"] == "NL"], COLUMNS
     )
+    check_table("iceberg", str(out), duckdb=False)
 
 
 def test_table_on_s3(tmp_path: Path, s3_server: Any, s3_prefix: str, s3_options: dict[str, Any]) -> None:
@@ -566,6 +574,7 @@ def test_table_on_s3(tmp_path: Path, s3_server: Any, s3_prefix: str, s3_options:
     assert multiset(polars_rows(d, polars_options, country="DE"), COLUMNS) == multiset(
         [r for r in w.expected if r["country"] == "DE"], COLUMNS
     )
+    check_table("iceberg", output, options=s3_options, metadata_location=table.metadata_location)
 
 
 def test_table_on_s3_with_the_endpoint_from_aws_endpoint_url(
@@ -635,6 +644,7 @@ def test_long_history_stays_bounded_and_reads_exactly(tmp_path: Path, monkeypatc
         most = max(most, len(manifests))
         assert len(table.metadata.snapshots) <= 5
         assert len(table.metadata.metadata_log) <= 4
+        check_table("iceberg", str(out), duckdb=False)  # each commit's metadata, merged manifests included
     assert most <= 3 + 2 + 26 // 12 + 1  # small ones, once-merged ones, twice-merged ones, the new one
     assert max((m.existing_files_count or 0) for m in manifests) >= 12  # merged twice
     assert len(table.metadata.snapshots) == 5
@@ -676,6 +686,7 @@ def test_maintain_shortens_a_longer_history_a_batch_at_a_time(tmp_path: Path) ->
     assert count() == 3  # the commit removes what is beyond the newest 3 (itself included)
     assert destination(str(out)).held([*files, more]) == {f.name for f in [*files, more]}
     assert multiset(scanned(d), COLUMNS) == multiset(w.expected, COLUMNS)
+    check_table("iceberg", str(out), duckdb=False)
 
 
 def test_leftover_uploads_of_metadata_files_are_aborted_once_stale(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conformance import check_table
 from evolve_tables import V1, batch, expected, open_sink, v2, write_evolving
 from sink_helpers import append_evolving
 
@@ -62,6 +63,7 @@ def test_the_table_evolves_with_the_first_file_that_needs_it(tmp_path, table_for
         snapshots = loaded.snapshots()
         assert len(snapshots) == 2, "one snapshot per roll"
         assert snapshots[0].schema_id != snapshots[1].schema_id == loaded.schema().schema_id
+    check_table(table_format, str(tmp_path / "table"))  # conforms to its format; DuckDB reads the same rows
 
 
 def test_delta_refuses_a_wider_type_before_the_batch(tmp_path):
@@ -96,3 +98,4 @@ def test_a_crash_at_the_commit_that_evolves_the_table_is_finished_once(tmp_path,
     table, rows = _read(tmp_path, table_format)
     assert rows == expected(3, 2, widen)
     assert table.schema.names == ["id", "n", "p", "extra"]
+    check_table(table_format, str(tmp_path / "table"), duckdb=False)

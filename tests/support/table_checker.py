@@ -10,6 +10,9 @@ After every kill (:meth:`TableWatch.step`) and at the end (:meth:`TableWatch.fin
 - every file the table holds is an object in its directory, of the size the table records, and stays the object
   it was when the table first held it (same size, and the same inode and mtime, or S3 ETag and LastModified): the
   table's files are the files the sink wrote, never rewritten or replaced;
+- every log entry, checkpoint and ``_last_checkpoint`` (Delta), every metadata file of the catalog's current one
+  and its log, manifest list and manifest (Iceberg) new since the last check conforms to the format's specification
+  (:mod:`conformance`'s checks, with a cursor kept from one check to the next);
 - everything else in the directory but the table's metadata (``_delta_log/``; ``metadata/`` and the embedded
   catalog) and the sink's claim and commit mark is a whole, readable Parquet file named like the sink's files.
 
@@ -30,6 +33,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from checker import Report, compare
+from conformance import cursor
+from iceberg_conformance import IcebergConformance
 from sink_helpers import COLUMNS, _fs
 
 from filesink.output import CLAIM_NAME, MARK_NAME, is_file_name
@@ -81,6 +86,8 @@ class TableView:
     """Commits the table has had: Delta, its newest version (version 0 creates it); Iceberg, its snapshots."""
     sink_id: str | None = None
     """The sink that committed (from its commits' metadata), once there is a commit."""
+    metadata_location: str | None = None
+    """Iceberg: the catalog's current metadata file."""
     recreated: int = 0
     """Delta: versions after the first that are the table's creation again, by the same sink (delta-rs's
     ``DeltaTable.create`` did that after a lost answer; the sink now writes version 0 with its own conditional
@@ -151,6 +158,7 @@ def read_iceberg(path: str, options: dict[str, Any] | None, target: TableTarget)
         commits=[s["filesink.files"].split(",") for s in ours],
         versions=len(snapshots),
         sink_id=ours[0]["filesink.sink-id"] if ours else None,
+        metadata_location=table.metadata_location,
     )
 
 
@@ -208,6 +216,8 @@ class TableWatch:
         self.settled = 0
         """Files found outside the table after a kill, then in it after the next run that recovered."""
         self.view = TableView()
+        self.conformance = cursor(target.format, path, options=options)
+        """The specification checks of the table's log (Delta) or metadata (Iceberg), from one check to the next."""
 
     def _fail(self, what: str, problem: str) -> str:
         return f"seed {self.seed}: {what}: {problem} ({self.target.describe()} at {self.path})"
@@ -217,6 +227,14 @@ class TableWatch:
         Returns the view, the objects and the stray ones (not whole Parquet files named like the sink's)."""
         view = read_table(self.target, self.path, self.options)
         objects = data_objects(self.target, self.path, self.options)
+        try:  # every entry or metadata file new since the last check conforms to the format's specification
+            if isinstance(self.conformance, IcebergConformance):
+                if view.metadata_location is not None:
+                    self.conformance.check(view.metadata_location)
+            else:
+                self.conformance.check()
+        except AssertionError as e:
+            raise AssertionError(self._fail(what, str(e))) from None
         names = [n for commit in view.commits for n in commit]
         twice = sorted(n for n, k in Counter(names).items() if k > 1)
         assert not twice, self._fail(what, f"files in more than one commit: {twice[:5]}")
