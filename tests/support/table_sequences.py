@@ -157,7 +157,9 @@ def draw(seed: int, table_format: str, steps: int) -> Plan:
             # the table's failpoints half of the time, the roll's and recovery's others the rest
             pool = TABLE_POINTS if rng.random() < 0.5 else ROLL_POINTS + RECOVERY_POINTS
             point = rng.choice(pool)
-            first = rng.choice(("filesink.table.before", "filesink.write.after")) if point.startswith("recovery") else ""
+            first = (
+                rng.choice(("filesink.table.before", "filesink.write.after")) if point.startswith("recovery") else ""
+            )
             events.append(Event(kind, point, sizes(), first))
         elif kind == "other":
             events.append(Event(kind, rng.choice(OTHER_OPS[table_format])))
@@ -298,10 +300,21 @@ class Context:
     step: int
 
 
-CHECKS: list[Callable[[Context], None]] = []
-"""Checks run after every step, after the harness's own: the call site for the protocol conformance checks
-(``conformance.check_table(format, location, ...)``, each log entry and metadata file validated) once they exist:
-append ``lambda ctx: check_table(ctx.format, ctx.location)`` here."""
+def conforms(ctx: Context) -> None:
+    """The protocol conformance checks (``conformance.cursor``): every log entry and checkpoint (Delta), or every
+    metadata file, manifest list and manifest (Iceberg), new since the previous step, the other writer's included,
+    validated against the format's specification. The rows are read by the harness's own readers."""
+    from conformance import cursor
+
+    checker = cursor(ctx.format, ctx.location)
+    if ctx.format == "delta":
+        checker.check()
+    else:
+        checker.check(ctx.table.metadata_location)
+
+
+CHECKS: list[Callable[[Context], None]] = [conforms]
+"""Checks run after every step, after the harness's own."""
 
 
 class SequenceFailed(AssertionError):
@@ -695,7 +708,9 @@ class Harness:
             canonical(dict(zip(answer["columns"], r, strict=True)), self.model.columns, self.model.fields)
             for r in answer["rows"]
         )
-        assert rows == got, f"DuckDB reads other rows than deltalake/pyiceberg: {_show(rows - got)} / {_show(got - rows)}"
+        assert rows == got, (
+            f"DuckDB reads other rows than deltalake/pyiceberg: {_show(rows - got)} / {_show(got - rows)}"
+        )
         self.outcomes["duckdb reads"] += 1
 
 
