@@ -72,6 +72,15 @@ READ_ATTEMPTS = 10
 """Listings of a prefix of the home before a reader gives up on records that keep vanishing under it."""
 
 
+def describe_age(age: float) -> str:
+    """How long ago a term record was renewed, ``age`` seconds by this machine's clock: "alive 4 s ago", or, for a
+    record from the future (the owner's clock is ahead of this one), "renewed by a clock ahead of this one by
+    3594 s" rather than a negative age."""
+    if age < 0:
+        return f"renewed at a time this machine's clock has not reached: its clock is ahead of this one by {-age:.0f} s"
+    return f"alive {age:.0f} s ago"
+
+
 def is_home_record(relpath: str) -> bool:
     """Whether a path of the log store's location is a record of the durable home (or the claim)."""
     return relpath == CLAIM_FILE or relpath.startswith(HOME + "/")
@@ -286,7 +295,14 @@ class DurableHome:
     def live_owner(self, lease: float) -> tuple[int, float, dict[str, Any]] | None:
         """The newest term, the seconds since its run last showed it was alive, and its record, if that is less
         than ``lease`` and the run did not stop cleanly (a run renews its record as it works:
-        :meth:`logstore.LogStore.check_term`)."""
+        :meth:`logstore.LogStore.check_term`).
+
+        The age is this machine's clock minus the owner's at its renewal, so it assumes the clocks agree to within
+        the lease. A record from the future (the owner's clock is ahead: a negative age) cannot be judged: it
+        counts as alive whatever its skew, and :func:`describe_age` says so. A lease of 0 or less never finds a
+        live owner: the operator says the run is gone (if it is not, it is fenced at its next step)."""
+        if lease <= 0:
+            return None
         newest = self.newest_term()
         if newest is None:
             return None

@@ -40,7 +40,7 @@ from filesink.planner import file_task, writer_ranges
 from filesink.progress import plural
 from filesink.writer import FileTask
 from logstore import DamagedSegment, GivenUp, LogLocation, LogStore, NoLogStoreError
-from logstore.home import CLAIM_FILE, FILES, SINK_RECORD, DurableHome, HomeView, term_path
+from logstore.home import CLAIM_FILE, FILES, SINK_RECORD, DurableHome, HomeView, describe_age, term_path
 from logstore.statedb import STATE_DB_NAME, connect, translated
 from logstore.storage import is_local
 
@@ -632,12 +632,31 @@ def check_no_live_owner(store: LogStore, lease: float, *, locked: bool) -> None:
     if locked and record.get("host") == socket.gethostname() and record.get("state") == store.db_path:
         return
     raise LiveOwnerError(
-        f"a run of sink {store.sink_id} holds writer term {term} and was alive {age:.0f} s ago (its record in "
+        f"a run of sink {store.sink_id} holds writer term {term} and was {describe_age(age)} (its record in "
         f"{store.home.storage.display(term_path(term))}): `recover apply` would take the sink from it, and that run "
         "would then stop with FencedError at its next step. Nothing of the sink was changed (a new --state-dir keeps "
         "the state rebuilt into it, and the next apply goes on from it). Stop the query first (a query that "
         f"stops cleanly releases the sink at once), or wait until the run has been silent for {lease:.0f} s (a "
-        "killed driver): then run this again. --owner-lease SECONDS sets that wait."
+        "killed driver): then run this again. --owner-lease SECONDS sets that wait; --owner-lease 0 takes over at "
+        "once, for when you know the run is gone."
+    )
+
+
+def lease_assumption(store: LogStore, lease: float) -> str | None:
+    """What ``apply`` assumes with ``--owner-lease 0`` (or less), said before it takes over: nothing is checked,
+    so a run that is still working is fenced at its next step (its unsealed batch fails; no row is lost). None
+    for a positive lease, or when the newest term's run stopped cleanly (nothing is assumed then)."""
+    if lease > 0:
+        return None
+    term = store.home.newest_term()
+    record = store.home.read(term_path(term)) if term is not None else None
+    if term is None or not isinstance(record, dict) or record.get("closed"):
+        return None
+    return (
+        f"--owner-lease {lease:g}: taking the sink over from writer term {term} without checking when its run was "
+        f"last alive ({store.home.storage.display(term_path(term))}), on your word that it is gone. If it is still "
+        "running, it stops with FencedError at its next step and its unfinished batch is retried by the next run: "
+        "no row is lost."
     )
 
 
@@ -683,6 +702,9 @@ def run_recover(args: argparse.Namespace) -> int:
         lock = StateLock(state_dir) if state_dir is not None else None
         try:
             check_no_live_owner(sink.store, args.owner_lease, locked=lock is not None)
+            assumed = lease_assumption(sink.store, args.owner_lease)
+            if assumed is not None and not args.json:
+                print(assumed, file=sys.stderr, flush=True)
             done = apply_recovery(
                 sink.store,
                 sink.ledger,
@@ -875,9 +897,9 @@ def move_log_store(args: argparse.Namespace) -> int:
         alive = _live_run(old_home)
         if alive is not None:
             raise SinkLockedError(
-                f"a run of sink {sink_id} with its log store at {old} holds writer term {alive[0]} and was alive "
-                f"{alive[1]:.0f} s ago: it may still write there, and moving the log store now would leave two runs "
-                f"that do not fence each other. Nothing was changed. Stop the query, copy {old} to {new} again "
+                f"a run of sink {sink_id} with its log store at {old} holds writer term {alive[0]} and was "
+                f"{describe_age(alive[1])}: it may still write there, and moving the log store now would leave two "
+                f"runs that do not fence each other. Nothing was changed. Stop the query, copy {old} to {new} again "
                 f"(replacing the copy), and run this again (a run killed without stopping counts as alive for "
                 f"{OWNER_LEASE:.0f} s, unless it ran on this machine)."
             )
@@ -1036,8 +1058,8 @@ def add_damage_options(step: argparse.ArgumentParser, name: str) -> None:
             type=float,
             default=OWNER_LEASE,
             metavar="SECONDS",
-            help="refuse (exit 3) while a run of the sink renewed its ownership less than SECONDS ago: apply takes "
-            f"ownership, which stops a running query (default {OWNER_LEASE:.0f})",
+            help="refuse (exit 3) while a run of the sink renewed its ownership less than SECONDS ago (0: take over "
+            f"at once): apply takes ownership, which stops a running query (default {OWNER_LEASE:.0f})",
         )
 
 
