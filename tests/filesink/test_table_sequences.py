@@ -30,11 +30,11 @@ from table_sequences import SEED_VAR, Result, draw, play
 pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
-DEFAULT_SEEDS = 4
+DEFAULT_SEEDS = 2
 DEFAULT_STEPS = 30
 CHAOS_SEEDS = 200
 CHAOS_STEPS = 60
-DUCKDB_EVERY = 10
+DUCKDB_EVERY = 15
 STEPS_VAR = "FILESINK_TABLE_SEQ_STEPS"
 
 
