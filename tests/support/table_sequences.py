@@ -26,7 +26,7 @@ After each step (:meth:`Harness.check`): every reader reads the table (deltalake
 DuckDB every ``duckdb_every`` steps and at the end, when its pinned environment exists); its rows lie between
 what the model knows is committed and what the sink took plus the other writer's rows, and equal the latter after
 a flush that left nothing pending (exact multisets); no data file is added twice in the table's history, no sink
-file is in two commits; then :data:`CHECKS` (the place for the protocol conformance checks).
+file is in two commits; then :data:`CHECKS`: the protocol conformance checks of everything new in the log or metadata.
 """
 
 from __future__ import annotations
