@@ -193,30 +193,14 @@ class Destination(ABC):
         store would be truncated past their rows. Raises :class:`TableCommitFailedError` naming them instead: the
         files stay pending, and the next start writes them again from the log store. One ``stat`` (local) or
         ``HEAD`` (S3) per object."""
-        from ..output.location import filesystem
+        from ..output.visibility import missing_objects
 
         objects = [o for objs in written.values() for o in objs]
-        gone: list[str] = []
-        if self.output.is_local:
-            root = self.output.local_root()
-            for o in objects:
-                try:
-                    if (root / o.key).stat().st_size != o.size:
-                        gone.append(o.key)
-                except FileNotFoundError:
-                    gone.append(o.key)
-        else:
-            fs, prefix = filesystem(self.output)
-            for o in objects:
-                try:
-                    if int(fs.info(f"{prefix}/{o.key}", refresh=True)["size"]) != o.size:
-                        gone.append(o.key)
-                except FileNotFoundError:
-                    gone.append(o.key)
+        gone = missing_objects(self.output, {o.key: o.size for o in objects})
         if gone:
             raise TableCommitFailedError(
                 f"{len(gone)} of the {len(objects)} objects written for this roll are no longer in {self.output.url} "
-                f"at the size written ({', '.join(sorted(gone)[:5])}): something deleted them before the "
+                f"at the size written ({', '.join(gone[:5])}): something deleted them before the "
                 f"{self.name}'s commit, such as Delta's VACUUM with a retention shorter than the time from a roll's "
                 "write to its commit, or Iceberg's remove_orphan_files with a recent older_than. Nothing was "
                 "committed; the files stay pending and the next start writes them again from the log store. Keep "

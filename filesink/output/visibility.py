@@ -52,3 +52,26 @@ def list_objects(output: OutputLocation, what: str = "the output", *, file: str 
         if file is None or is_object_of(file, key.rsplit("/", 1)[-1]):
             found.append((key, int(info.get("size") or 0)))
     return sorted(found)
+
+
+def missing_objects(output: OutputLocation, sizes: dict[str, int]) -> list[str]:
+    """Of the objects ``sizes`` (key relative to the root -> size written), the keys that are not in the output at
+    that size, sorted: one ``stat`` (local) or uncached ``HEAD`` (S3) per object, no listing."""
+    gone: list[str] = []
+    if output.is_local:
+        root = output.local_root()
+        for key, size in sizes.items():
+            try:
+                if (root / key).stat().st_size != size:
+                    gone.append(key)
+            except FileNotFoundError:
+                gone.append(key)
+        return sorted(gone)
+    fs, prefix = filesystem(output)
+    for key, size in sizes.items():
+        try:
+            if int(fs.info(f"{prefix}/{key}", refresh=True)["size"]) != size:
+                gone.append(key)
+        except FileNotFoundError:
+            gone.append(key)
+    return sorted(gone)
