@@ -77,7 +77,7 @@ def pinned_duckdb(root: Path | None = None) -> tuple[Path | None, str]:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return None, f"cannot create the cache directory {root}: {e}"
-    with _locked(root / f"{home.name}.lock") as held:
+    with locked(root / f"{home.name}.lock") as held:
         if not held:
             return None, f"another process built {home} for more than {LOCK_DEADLINE:g} s (its lock is held)"
         if _ready(home, python):  # built by whoever held the lock before
@@ -95,11 +95,12 @@ def _ready(home: Path, python: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[bool]:
-    """Hold an exclusive lock on ``path`` (``flock``; released when the process dies), waiting at most
-    :data:`LOCK_DEADLINE` seconds: yields whether it is held."""
+def locked(path: Path, wait: float = LOCK_DEADLINE, poll: float = 0.2) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path`` (``flock``; released when the process dies), waiting at most ``wait``
+    seconds (default :data:`LOCK_DEADLINE`), trying again every ``poll`` seconds: yields whether it is held. The
+    engines' environment (``engines_env.py``) is built under it too."""
     with open(path, "a") as f:
-        deadline = time.monotonic() + LOCK_DEADLINE
+        deadline = time.monotonic() + wait
         while True:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -108,7 +109,7 @@ def _locked(path: Path) -> Iterator[bool]:
                 if time.monotonic() > deadline:
                     yield False
                     return
-                time.sleep(0.2)
+                time.sleep(poll)
         try:
             yield True
         finally:

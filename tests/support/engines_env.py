@@ -18,8 +18,6 @@ itself (the same artifact name in pyspark's ``jars``) are left out, but for the 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -27,9 +25,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from duckdb_env import locked
 
 PYSPARK = "4.1.1"
 DELTA = "4.2.0"
@@ -116,7 +116,7 @@ def pinned_engines(root: Path | None = None) -> tuple[Engines | None, str]:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return None, f"cannot create the cache directory {root}: {e}"
-    with _locked(root / f"{home.name}.lock") as held:
+    with locked(root / f"{home.name}.lock", LOCK_DEADLINE, poll=0.5) as held:
         if not held:
             return None, f"another process built {home} for more than {LOCK_DEADLINE:g} s (its lock is held)"
         found = _ready(home)
@@ -136,26 +136,6 @@ def _ready(home: Path) -> Engines | None:
     if recorded.get("pins") != list(PINS) or not python.exists() or not all(j.exists() for j in jars):
         return None
     return Engines(python, jars, recorded.get("cost", {}))
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on ``path``, waiting at most :data:`LOCK_DEADLINE` s: yields whether it is held."""
-    with open(path, "a") as f:
-        deadline = time.monotonic() + LOCK_DEADLINE
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    yield False
-                    return
-                time.sleep(0.5)
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _dependency(artifact: str) -> str:
