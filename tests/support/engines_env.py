@@ -10,7 +10,9 @@ pyspark 4.1.2 to 4.1.4 reading a checkpointed Delta table fails with ``NoSuchMet
 newest Spark on which both connectors run. S3 is Hadoop's S3A (``hadoop-aws`` of the Hadoop that Spark 4.1 ships,
 3.4.2, with the modules of the AWS SDK it is built against, 2.29.52, not the 600 MB SDK bundle); Iceberg reads S3
 through it too (its ``HadoopFileIO``), so that one AWS SDK is on the class path. Iceberg's JDBC catalog reads the
-sink's SQL catalogs with the SQLite and PostgreSQL JDBC drivers.
+sink's SQL catalogs with the SQLite and PostgreSQL JDBC drivers. Spark's Kafka source (``spark-sql-kafka-0-10`` of
+the same Spark) is there for the Kafka tests, and the sink's own dependencies are installed so that the sink runs in
+this Spark too (from the checkout, on ``PYTHONPATH``).
 
 Maven resolves the jars with their dependencies (``copy-dependencies`` of a generated pom); those Spark ships
 itself (the same artifact name in pyspark's ``jars``) are left out, but for the connectors' and AWS's own.
@@ -25,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,7 @@ ARTIFACTS = (
     f"software.amazon.awssdk:apache-client:{AWS_SDK}",
     "org.xerial:sqlite-jdbc:3.49.1.0",
     "org.postgresql:postgresql:42.7.5",
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{PYSPARK}",
 )
 EXCLUDED = ("software.amazon.awssdk:bundle",)
 """hadoop-aws's dependency on the whole SDK (about 600 MB): the modules above are what S3A uses."""
@@ -55,6 +59,17 @@ OWN_GROUPS = ("io.delta", "org.apache.iceberg", "software.amazon.awssdk")
 """Jars of these groups are kept even where pyspark has a jar of the same artifact name (the SDK's ``annotations``
 is not Spark's)."""
 PINS = (f"pyspark=={PYSPARK}", *ARTIFACTS)
+EXTRAS = ("delta", "iceberg")
+"""The project's extras installed beside its dependencies: the sink itself runs in this Spark too (its Kafka
+source, the JVM peers' benchmarks), from the checkout (``PYTHONPATH``), with pyspark held at :data:`PYSPARK`."""
+
+
+def project_requirements() -> list[str]:
+    """The project's dependencies and :data:`EXTRAS` from ``pyproject.toml``, but pyspark (pinned apart)."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *(r for extra in EXTRAS for r in project["optional-dependencies"][extra])]
+    return [r for r in wanted if not r.startswith("pyspark")]
+
 
 ENV_VAR = "FILESINK_ENGINES_CACHE"
 """Where the environment is built instead of the user's cache directory."""
@@ -96,7 +111,7 @@ def cache_root() -> Path:
 def env_name() -> str:
     """The pins and the interpreter the virtual environment is built on (a venv is tied to it)."""
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    key = json.dumps([PINS, EXCLUDED, sys.version, base])
+    key = json.dumps([PINS, EXCLUDED, project_requirements(), sys.version, base])
     py = f"py{sys.version_info.major}.{sys.version_info.minor}"
     return (
         f"engines-spark-{PYSPARK}-delta-{DELTA}-iceberg-{ICEBERG}-{py}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
@@ -199,6 +214,11 @@ def _build(home: Path) -> str:
         _run("creating the virtual environment", [sys.executable, "-m", "venv", str(home / "venv")], VENV_DEADLINE)
         pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
         _run(f"pip installing pyspark=={PYSPARK}", [*pip, "--retries", "1", "--timeout", "60", PINS[0]], PIP_DEADLINE)
+        _run(
+            "pip installing the sink's dependencies",
+            [*pip, "--retries", "1", "--timeout", "60", PINS[0], *project_requirements()],
+            PIP_DEADLINE,
+        )
         cost["venv_seconds"] = round(time.monotonic() - started, 1)
         cost["venv_bytes"] = _size(home / "venv")
         started = time.monotonic()
