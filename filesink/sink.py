@@ -39,8 +39,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from logstore import NOTHING, STATE_DB_NAME, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
-from logstore import guards
+from logstore import (
+    NOTHING,
+    STATE_DB_NAME,
+    VNODE_COLUMN,
+    LogLocation,
+    LogStore,
+    SegmentDescriptor,
+    append_segment,
+    guards,
+)
 from logstore.conditional import probe_conditional_create, require_conditional_create
 from logstore.failpoints import failpoint
 from logstore.home import CLAIM_FILE

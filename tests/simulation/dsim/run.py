@@ -54,7 +54,8 @@ class Scenario:
                 if self.recover_at is not None
                 else "no"
             )
-            + f", log store {self.setup}, clocks {[h.skews for _, h in self.drivers]} (jump {[h.jump for _, h in self.drivers]})"
+            + f", log store {self.setup}, clocks {[h.skews for _, h in self.drivers]}"
+            + f" (jump {[h.jump for _, h in self.drivers]})"
         )
 
 

@@ -17,7 +17,6 @@ from .output import ModelOutput, Row
 from .scheduler import Scheduler
 from .storage import ROOT, MemStorage, SimLocation
 
-
 SHARED = "shared"
 """The log store on a disk of its own or on S3: shared by every driver, and not in the state directory's backups."""
 INSIDE = "inside"
