@@ -37,6 +37,7 @@ GUARDS: dict[str, str] = {
     "commit.home_term": "the home term is checked before a commit",
     "drop.home_term": "the home term is checked before a drop",
     "truncation.term": "the home term is checked before truncate points are made durable",
+    "gc.term": "the home term is checked before released segments are deleted and before the log store is swept",
     # the output
     "writer.fence": "a file writer checks its fence before it publishes",
     "output.fence_older_writers": "a new run fences the staging of older terms' writers",

@@ -20,17 +20,79 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dsim.mutation import Catch, candidates, hunt
+from dsim.mutation import Catch, candidates, caught, hunt
 from mutants import mutant
 
 import logstore
 from logstore import guards
 from logstore.guards import GUARDS
 
-CATCHES: dict[str, Catch] = {}
-"""The first seed that caught each guard's mutant (docs/reliability.md, "Mutation testing")."""
-UNCAUGHT: dict[str, str] = {}
-"""Guards no seed of the campaign catches, and why that is right (none, for now)."""
+CATCHES: dict[str, Catch] = {
+    "term.newer_fences": Catch(1_000_055),
+    "home.newer_epoch_record_wins": Catch(1_001_319),
+    "home.late_record_ignored": Catch(1_000_143),
+    "start.diverged_state": Catch(1_004_149),
+    "gap.restored_state": Catch(1_002_600),
+    "gap.lost_state": Catch(1_001_053),
+    "output.fence_older_writers": Catch(1_000_432),
+}
+"""The first seed that caught each guard's mutant, alone (docs/reliability.md, "Mutation testing")."""
+TERM_CHAIN = ("seal.term_after_home_record", "gc.term", "start.term_before_clean", "commit.home_term")
+"""Term checks of one chain: a run fenced between two of them is stopped by the next, so each of these is caught
+only with the other three off (seed 1,002,108)."""
+HOME_CHAIN = (
+    *TERM_CHAIN,
+    "precommit.home_term",
+    "precommit.home_term_after_record",
+    "truncation.term",
+    "home.vanished_record_relisted",
+)
+"""A longer chain, one seed (1,002,234): each of these eight is needed there once the other seven are off."""
+
+
+def _chain(seed: int, chain: tuple[str, ...], guard: str) -> tuple[Catch, tuple[str, ...]]:
+    return Catch(seed), tuple(g for g in chain if g != guard)
+
+
+SECOND_LINES: dict[str, tuple[Catch, tuple[str, ...]]] = {
+    "seal.term_after_home_record": (Catch(1_000_285), ("gap.restored_state",)),
+    "mark.restored_state": (Catch(1_001_622), ("gap.restored_state",)),
+    "precommit.home_term": (Catch(1_789), ("writer.fence",)),
+    "precommit.home_term_after_record": (Catch(1_789), ("writer.fence",)),
+    "writer.fence": (
+        Catch(1_000_855),
+        ("precommit.home_term", "precommit.home_term_after_record", "commit.home_term", "ledger.database_term"),
+    ),
+    **{g: _chain(1_002_108, TERM_CHAIN, g) for g in ("gc.term", "start.term_before_clean", "commit.home_term")},
+    **{g: _chain(1_002_234, HOME_CHAIN, g) for g in ("truncation.term", "home.vanished_record_relisted")},
+    "drop.home_term": (
+        Catch(1_825),
+        (*HOME_CHAIN[:6], "truncation.term", "home.vanished_record_relisted", "mark.restored_state"),
+    ),
+}
+"""Guards caught only behind others (their partners): the seed passes with the partners off, and fails once the
+guard is off too."""
+UNCAUGHT: dict[str, str] = {
+    "term.taken_once": "reachable only on a store that ignores conditional create, where a start without "
+    "single_driver is refused by the probe before anything is written (tests/logstore/test_conditional_create.py) "
+    "and single_driver is the operator's promise of one run at a time: in no setup the sink accepts do two runs take "
+    "one term. Kept as the diagnosis of a broken promise (tests/filesink/test_ownership.py); it narrows, and cannot "
+    "close, the race of two runs on such a store (docs/protocol.md says so)",
+    "seal.order_under_transaction": "two processes sealing through one state directory at once, which the state "
+    "directory's lock excludes (filesink/lock.py); the simulation runs a driver's processes one after the other, as "
+    "the lock makes them. A gap of the simulation: it does not model a lock that fails (a network file system)",
+    "ledger.database_term": "a task or process of an older run writing through the same state directory after the "
+    "sink restarted there; the simulation's processes stop with their driver. A gap of the simulation: the "
+    "paused-writer tests reach it (tests/recovery/test_zombie.py)",
+    "batch.behind_sealed": "another query's batches on the state (its checkpoint reset or deleted): the simulation "
+    "models one query, whose checkpoint never goes back; tests/filesink/test_sink.py covers it",
+    "home.older_truncation_capped": "protects nothing any seed reaches, even with every term check off (6,000 "
+    "seeds): an older term's truncate point above the newest base needs a commit of an epoch the newer run did not "
+    "count, and the seal's term check after its home record stops that epoch before the older run's database holds "
+    "it. Kept as an invariant of the view that costs nothing; the chaos tier's hunt requires it to stay uncaught, "
+    "and it is the one to remove if that holds over the 100,000 seeds",
+}
+"""Guards no seed of the campaign catches, alone or behind partners, and why."""
 LIGHT, FULL = 5_000, 20_000
 """Seeds the campaign tries for each mutant: the default tier's light seeds, then the chaos tier's full ones."""
 ROOT = Path(logstore.__file__).parent.parent
@@ -67,22 +129,30 @@ def test_only_a_test_turns_a_guard_off() -> None:
 
 
 def test_every_guard_is_caught_or_explained() -> None:
-    assert not set(CATCHES) & set(UNCAUGHT), "a guard is either caught or explained"
-    assert set(CATCHES) | set(UNCAUGHT) == set(GUARDS), f"guards with no catching seed: {set(GUARDS) - set(CATCHES)}"
+    kinds = [set(CATCHES), set(SECOND_LINES), set(UNCAUGHT)]
+    assert sum(map(len, kinds)) == len(set().union(*kinds)), "a guard is caught, a second line or explained: once"
+    listed = set().union(*kinds)
+    missing, unknown = set(GUARDS) - listed, listed - set(GUARDS)
+    assert not missing and not unknown, f"guards with no catching seed: {missing}; unknown: {unknown}"
+    for guard, (_, partners) in SECOND_LINES.items():
+        assert guard not in partners and set(partners) <= set(GUARDS), guard
+
+
+def recorded(guard: str) -> tuple[Catch, tuple[str, ...]]:
+    return SECOND_LINES[guard] if guard in SECOND_LINES else (CATCHES[guard], ())
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("guard", sorted(CATCHES))
+@pytest.mark.parametrize("guard", sorted([*CATCHES, *SECOND_LINES]))
 def test_the_recorded_seed_catches_the_mutant(guard: str) -> None:
-    catch = CATCHES[guard]
+    catch, partners = recorded(guard)
     assert catch.run().ok, f"{catch.line()} fails with every guard on: a bug of the product, not a mutant's"
-    with mutant(guard):
-        result = catch.run()
-    if result.ok:
-        found = hunt(guard, candidates(LIGHT, 0))
+    if caught(catch, guard, partners) is None:
+        found = hunt(guard, candidates(LIGHT, 0), partners)
+        behind = f" behind {', '.join(partners)}" if partners else ""
         pytest.fail(
-            f"{catch.line()} no longer catches the mutant without {guard} (the code changed since it was found); "
-            f"the hunt now finds {found.catch.line() if found.catch else 'none in the light seeds'}: record it"
+            f"{catch.line()} no longer catches the mutant without {guard}{behind} (the code changed since it was "
+            f"found); the hunt now finds {found.catch.line() if found.catch else 'none in the light seeds'}: record it"
         )
 
 
@@ -94,10 +164,12 @@ def test_campaign(guard: str, request: pytest.FixtureRequest) -> None:
     selected = str(request.config.option.markexpr or "")
     if "chaos" not in selected or "not chaos" in selected:
         pytest.skip("the chaos tier runs with -m chaos")
-    found = hunt(guard, candidates(LIGHT, FULL))
+    partners = SECOND_LINES[guard][1] if guard in SECOND_LINES else ()
+    found = hunt(guard, candidates(LIGHT, FULL), partners)
     print(
-        f"{guard}: {found.catch.line() if found.catch else 'not caught'} after {found.tried} seeds "
-        f"({found.seconds:.0f} s): {found.found}"
+        f"{guard}{' behind ' + ', '.join(partners) if partners else ''}: "
+        f"{found.catch.line() if found.catch else 'not caught'} after {found.tried} seeds ({found.seconds:.0f} s): "
+        f"{found.found}"
     )
     if guard in UNCAUGHT:
         assert found.catch is None, f"{guard} is caught now ({found.catch}): move it to CATCHES"

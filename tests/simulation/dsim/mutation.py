@@ -4,6 +4,10 @@
 :func:`hunt` looks for the first such seed among the light seeds (the default tier's), then the full ones (the
 chaos tier's), then the modes of a store without conditional create. A mutant no seed catches is a blind spot of
 the simulation or a guard that protects nothing (docs/reliability.md, "Mutation testing").
+
+Some guards are a second line: the protocol checks its term several times in one step, and the mutant of one
+check is caught only where the checks before and after it are switched off too (its ``partners``). Such a guard is
+caught by a seed that passes with the partners off and fails once the guard is off as well.
 """
 
 from __future__ import annotations
@@ -43,9 +47,25 @@ def candidates(light: int, full: int) -> Iterator[Catch]:
     yield from (Catch(s, conditional=False, single_driver=True) for s in range(500))
 
 
+def caught(catch: Catch, guard: str, partners: tuple[str, ...] = ()) -> Result | None:
+    """The failed run if ``catch`` catches the mutant without ``guard``: it fails with ``guard`` (and ``partners``)
+    off, and, with ``partners``, passes with only ``partners`` off (so ``guard`` is what made it pass: a second
+    line behind them)."""
+    with mutant(guard, *partners):
+        result = catch.run()
+    if result.ok:
+        return None
+    if partners:
+        with mutant(*partners):
+            if not catch.run().ok:
+                return None
+    return result
+
+
 @dataclass(frozen=True)
 class Hunt:
     guard: str
+    partners: tuple[str, ...]
     catch: Catch | None
     tried: int
     """Seeds run until the first that caught the mutant (all of them, if none did)."""
@@ -54,15 +74,14 @@ class Hunt:
     """What the checker (or the run) found wrong, for the first catching seed."""
 
 
-def hunt(guard: str, order: Iterable[Catch]) -> Hunt:
-    """Run ``order`` with ``guard`` off until a run fails."""
+def hunt(guard: str, order: Iterable[Catch], partners: tuple[str, ...] = ()) -> Hunt:
+    """Run ``order`` until a seed catches the mutant without ``guard`` (behind ``partners``: :func:`caught`)."""
     started = time.monotonic()
     tried = 0
-    with mutant(guard):
-        for catch in order:
-            tried += 1
-            result = catch.run()
-            if not result.ok:
-                found = result.failure or "; ".join(result.problems)
-                return Hunt(guard, catch, tried, time.monotonic() - started, found.splitlines()[0][:200])
-    return Hunt(guard, None, tried, time.monotonic() - started)
+    for catch in order:
+        tried += 1
+        result = caught(catch, guard, partners)
+        if result is not None:
+            found = result.failure or "; ".join(result.problems)
+            return Hunt(guard, partners, catch, tried, time.monotonic() - started, found.splitlines()[0][:200])
+    return Hunt(guard, partners, None, tried, time.monotonic() - started)
