@@ -39,7 +39,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from logstore import NOTHING, STATE_DB_NAME, VNODE_COLUMN, LogLocation, LogStore, SegmentDescriptor, append_segment
+from logstore import (
+    NOTHING,
+    STATE_DB_NAME,
+    VNODE_COLUMN,
+    LogLocation,
+    LogStore,
+    SegmentDescriptor,
+    append_segment,
+    guards,
+)
 from logstore.conditional import probe_conditional_create, require_conditional_create
 from logstore.failpoints import failpoint
 from logstore.home import CLAIM_FILE
@@ -416,7 +425,7 @@ class ExactlyOnceParquetSink:
                 "checkpoint (checkpointLocation), or give this query a new state directory, log store and output."
             )
         last = self._store.last_sealed_epoch
-        if last == NOTHING and batch_id > 0 and not self._accept_state_loss:
+        if guards.on("gap.lost_state") and last == NOTHING and batch_id > 0 and not self._accept_state_loss:
             raise StateLostError(
                 f"batch {batch_id} arrived, but this sink's state in {self.state_dir} is new and empty: the query's "
                 "checkpoint is past batch 0, so the state this sink had was lost (deleted, or on a disk that did "
@@ -428,11 +437,13 @@ class ExactlyOnceParquetSink:
                 "that those rows are not in the output (or when this is a new sink for a query that ran before), "
                 "create the sink with accept_state_loss=True (filesink run --accept-state-loss)."
             )
-        if last != NOTHING and batch_id > last + 1:  # Spark never skips a batch id: the state is behind
+        if (
+            guards.on("gap.restored_state") and last != NOTHING and batch_id > last + 1
+        ):  # Spark never skips a batch id: the state is behind
             self._check_gap(batch_id, last)
         if last == NOTHING and batch_id == 0 and self._accept_state_loss and not self._accept_duplicates:
             self._refuse_output_with_rows()
-        if batch_id < last:
+        if guards.on("batch.behind_sealed") and batch_id < last:
             raise CheckpointMismatchError(
                 f"batch {batch_id} arrived, but epoch {last} is already sealed in {self.state_dir}. This happens "
                 "when the query's checkpoint was reset or deleted, or when a second query writes through this "

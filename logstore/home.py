@@ -51,6 +51,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import guards
 from .errors import FencedError, HomeRecordError
 from .storage import Storage, is_temp_name
 
@@ -230,7 +231,7 @@ class DurableHome:
         term record (created only if absent), so this asks "is there a term above mine?", never "is a pointer
         equal to mine?", and nothing an older run writes can move ownership back."""
         newest = self.newest_term()
-        if newest is not None and newest > term:
+        if guards.on("term.newer_fences") and newest is not None and newest > term:
             raise FencedError(
                 f"cannot {action}: this run holds writer term {term}, but a newer run took term {newest} "
                 f"({self.storage.display(term_path(newest))}), maybe on another machine or by `filesink recover "
@@ -254,6 +255,8 @@ class DurableHome:
             found = {relpath: self.read(relpath) for relpath in self.names(prefix)}
             if all(record is not None for record in found.values()):
                 return found
+            if not guards.on("home.vanished_record_relisted"):
+                return {relpath: record for relpath, record in found.items() if record is not None}
         raise HomeRecordError(
             f"the records under {self.storage.display(prefix)} kept changing while this run read them "
             f"({READ_ATTEMPTS} listings): another run of the sink is changing its durable home right now. Stop the "
@@ -272,7 +275,9 @@ class DurableHome:
             if not self.create(term_path(term), record):
                 continue
             found = self.read(term_path(term)) or {}
-            if found.get("nonce") != nonce:  # a store that ignored the condition let another run replace it
+            if (
+                guards.on("term.taken_once") and found.get("nonce") != nonce
+            ):  # a store that ignored the condition let another run replace it
                 raise FencedError(
                     f"two runs took writer term {term} at once in {self.storage.display(TERMS)}: the store replaced "
                     "this run's term record, so it does not create records only if absent (conditional create). "
@@ -352,7 +357,7 @@ class DurableHome:
                 continue
             if epoch in counted:  # several count: the newest term's is the epoch's
                 other = counted[epoch]
-                if other[0] > term:
+                if other[0] > term or not guards.on("home.newer_epoch_record_wins"):
                     view.stale_records.append(relpath)
                     continue
                 view.stale_records.append(other[1])
@@ -362,14 +367,25 @@ class DurableHome:
             term = int(record.get("term", 0))
             for vnode, epoch in enumerate(record.get("points", [])):
                 point = int(epoch)
-                if newest is not None and base is not None and term < newest:
+                if (
+                    guards.on("home.older_truncation_capped")
+                    and newest is not None
+                    and base is not None
+                    and term < newest
+                ):
                     point = min(point, base)  # an older term cannot have released what it did not seal in time
                 view.truncation[vnode] = max(view.truncation.get(vnode, -1), point)
         return view
 
     @staticmethod
     def _counts(term: int, epoch: int, newest: int | None, base: int | None) -> bool:
-        return newest is None or base is None or term >= newest or epoch <= base
+        return (
+            newest is None
+            or base is None
+            or term >= newest
+            or epoch <= base
+            or not guards.on("home.late_record_ignored")
+        )
 
     def write_epoch(self, epoch: int, term: int, record: Mapping[str, Any]) -> None:
         """Make the seal record of ``epoch`` durable for term ``term``, under a name only this term writes (an

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import sqlite_utils
 
-from . import segment
+from . import guards, segment
 from .append import AppendTarget, append_segment, compression_for
 from .errors import (
     EpochNotSealedError,
@@ -526,9 +526,11 @@ class LogStore:
         # fenced driver writes after the newer run read the home does not count (see logstore.home).
         self.home.write_epoch(epoch, self.term or 0, _epoch_record(descs, sealed_at))
         failpoint("logstore.seal.home_written")
-        self.check_term(f"seal epoch {epoch}")
+        if guards.on("seal.term_after_home_record"):
+            self.check_term(f"seal epoch {epoch}")
         with self.db.atomic():
-            self._check_unsealed(epoch, "seal")  # again, under the write transaction
+            if guards.on("seal.order_under_transaction"):
+                self._check_unsealed(epoch, "seal")  # again, under the write transaction
             self._insert_epoch(epoch, descs, sealed_at)
             failpoint("logstore.seal.before_commit")
         failpoint("logstore.seal.after_commit")
@@ -675,7 +677,7 @@ class LogStore:
                 # its record may be gone already (deleted as stale by the newer run, its segments swept).
                 floor = min((view.truncation.get(v, NOTHING) for v in self.truncate_points()), default=NOTHING)
                 diverged = [e for e in uncounted if e > floor]
-                if diverged:
+                if diverged and guards.on("start.diverged_state"):
                     raise StateDivergedError(
                         f"the state database {self.db_path} holds sealed epochs {describe_vnodes(diverged)} that "
                         f"the durable home at {self.location.canonical} does not count: a newer run (term "
@@ -688,7 +690,8 @@ class LogStore:
                 for epoch in uncounted:
                     self.home.write_epoch(epoch, self.term, _epoch_record(*self._epoch_rows(epoch)))
             self.home.record_base(self.term, last)
-            self.check_term("clean the durable home")  # a fenced run deletes nothing a newer one may be reading
+            if guards.on("start.term_before_clean"):
+                self.check_term("clean the durable home")  # a fenced run deletes nothing a newer one may be reading
             self.home.delete_records(view.stale_records)
             self.home.prune_terms(keep_from=self.term)
             self.home.compact_truncation(self.term, self.truncate_points())
@@ -736,7 +739,8 @@ class LogStore:
         points = self.truncate_points()
         if points == self._published_points:
             return
-        self.check_term("record truncate points")
+        if guards.on("truncation.term"):
+            self.check_term("record truncate points")
         self.home.write_truncation(self.term or 0, points)
         self._published_points = points
 
@@ -1103,14 +1107,15 @@ class LogStore:
             )
             report.epochs_pruned = cursor.rowcount
         failpoint("logstore.gc.after_metadata")
-        if released:
+        if released and guards.on("gc.term"):
             self.check_term("delete released segments")
         self.storage.delete_many([name for _, name, _ in released])
         report.released_segments += len(released)
         report.bytes_freed += sum(size for _, _, size in released)
         if sweep:
             self.check_claim()
-            self.check_term("sweep the log store")
+            if guards.on("gc.term"):
+                self.check_term("sweep the log store")
             self._sweep(report, unsealed=unsealed)
             self._prune_home()
         return report

@@ -58,7 +58,7 @@ from filesink.output import (
     write_mark,
 )
 from filesink.writer import FileTask, WrittenObject, write_file
-from logstore import DamagedSegment, GarbageReport, GivenUp, LogStore
+from logstore import DamagedSegment, GarbageReport, GivenUp, LogStore, guards
 from logstore.conditional import require_conditional_create
 from logstore.failpoints import failpoint
 
@@ -267,7 +267,7 @@ def apply_recovery(
     home = store.sync_from_home()
     done.home_epochs = len(home.epochs)
     failpoint("recovery.sync.after")
-    done.fenced = fence_writers(output, store.storage, term)
+    done.fenced = fence_writers(output, store.storage, term) if guards.on("output.fence_older_writers") else 0
     failpoint("recovery.fence.after")
     prepare_staging(output, term)
     recorded = recorded_sizes(list(records(store.storage)))

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Mapping
 
-from logstore import LogLocation
+from logstore import LogLocation, guards
 from logstore.segment import describe_vnodes
 
 from ..errors import StateBehindError
@@ -49,7 +49,7 @@ def check_mark(output: OutputLocation, sink_id: str, points: Mapping[int, int], 
     """Raise :class:`StateBehindError` if the output's mark has a vnode past ``points`` (the state's durable
     truncate points): files were committed that this state does not know. Returns the mark."""
     mark = read_mark(output, sink_id)
-    behind = sorted(v for v, e in mark.items() if e > points.get(v, e))
+    behind = sorted(v for v, e in mark.items() if e > points.get(v, e)) if guards.on("mark.restored_state") else []
     if not behind:
         return mark
     first = behind[0]

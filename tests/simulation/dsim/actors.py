@@ -34,7 +34,7 @@ from recovery.errors import NotASinkError
 from recovery.resolve import apply_recovery
 
 from .scheduler import Actor, Crash
-from .world import ConcurrentQueryError, StateDisk, World
+from .world import INSIDE, ConcurrentQueryError, StateDisk, World
 
 REFUSALS = (LogStoreError, FileSinkError, OSError, ConcurrentQueryError)
 """What a run may stop with: the product's errors (and Spark's), each saying what went wrong. Anything else
@@ -59,6 +59,11 @@ class Habits:
     close: float = 0.5
     restart_steps: int = 40
     """Longest wait before a new process starts."""
+    skews: tuple[float, ...] = (0.0,)
+    """How far the driver's clock may be ahead of the true time (negative: behind), in seconds: one is drawn for
+    each process, and again when the clock jumps."""
+    jump: float = 0.0
+    """Chance, before each batch, that the clock jumps (to another of :attr:`skews`)."""
 
 
 class Driver:
@@ -81,7 +86,8 @@ class Driver:
         self.rollover = rollover
         self.habits = habits
         self.disk = disk
-        self.backups: list[StateDisk] = []
+        self.backups: list[tuple[StateDisk, dict[str, bytes] | None]] = []
+        """Copies of the state directory: its database, and the log store's files where it lives inside it."""
         self.store: LogStore | None = None
         """The log store of the running process (its term: the run's)."""
 
@@ -171,11 +177,15 @@ class Driver:
 
     def life(self, batches: int, *, flush: bool, close: bool) -> None:
         world = self.world
+        s, actor = world.scheduler, world.scheduler.current()
         sink = self.open()
         batch = world.checkpoint.next_batch()
         for _ in range(batches):
             if batch >= len(world.sizes):
                 break
+            if actor is not None and self.habits.jump and s.choice(self.habits.jump):
+                actor.skew = s.rng.choice(self.habits.skews)
+                s.note(f"the clock jumps: {actor.skew:+g} s from the true time")
             self.call(sink, batch)
             world.outcome.returned.add(batch)
             world.checkpoint.commit(batch)
@@ -192,6 +202,9 @@ class Driver:
         for life in range(h.lives):
             if life:
                 s.sleep(s.rng.randint(0, h.restart_steps), "restarts")
+            if len(h.skews) > 1 or h.skews[0]:
+                actor.skew = s.rng.choice(h.skews)
+                s.note(f"clock {actor.skew:+g} s from the true time")
             self.choose_state()
             self.survive(
                 actor,
@@ -202,15 +215,19 @@ class Driver:
 
     def choose_state(self) -> None:
         s, h = self.world.scheduler, self.habits
+        inside = self.world.setup == INSIDE
         if s.choice(h.take_backup):
-            self.backups.append(self.disk.backup())
-            s.note("state directory backed up")
+            self.backups.append((self.disk.backup(), self.world.storage.snapshot() if inside else None))
+            s.note("state directory backed up" + (" (with the log store in it)" if inside else ""))
         if s.choice(h.lose_state):
             self.disk = StateDisk.empty()
             s.note("state directory lost: starts on an empty one")
         elif self.backups and s.choice(h.restore_backup):
-            self.disk = s.rng.choice(self.backups).backup()
-            s.note("state directory restored from a backup")
+            disk, log = s.rng.choice(self.backups)
+            self.disk = disk.backup()
+            if log is not None:
+                self.world.storage.restore(log)
+            s.note("state directory restored from a backup" + (" (with the log store in it)" if log else ""))
 
     def survive(self, actor: Actor, run: Any) -> str:
         """Run one process; return how it ended: ``ok``, ``crashed`` or the name of the error that stopped it."""
@@ -251,11 +268,12 @@ def refused(world: World, e: BaseException, store: LogStore | None) -> None:
         world.outcome.anomalies.append(f"the owner (term {term}) found log segments missing: {str(e)[:300]}")
 
 
-def recover_apply(world: World, actor: Actor, lease: float) -> None:
+def recover_apply(world: World, actor: Actor, lease: float, skew: float = 0.0) -> None:
     """``filesink recover apply --log-store URL --owner-lease LEASE``: the state rebuilt in memory from the durable
     home (as ``recovery.cli.open_sink`` and ``run_recover`` do), then the real :func:`apply_recovery`. A short lease
     is an operator who does not wait for a driver to be silent: the drivers' fences must hold then too."""
     store = None
+    actor.skew = skew
     try:
         if LogStore._claim_at(world.location) is None:
             raise NotASinkError("the log store holds no sink's durable home")

@@ -19,7 +19,7 @@ from .actors import REFUSALS, Driver, Habits, recover_apply, refused
 from .checker import check
 from .output import patched
 from .scheduler import Knobs, Scheduler
-from .world import Outcome, StateDisk, World
+from .world import INSIDE, SHARED, Outcome, StateDisk, World
 
 REPLAY_VAR = "DSIM_SEED"
 """``DSIM_SEED=<seed> pytest tests/simulation -k replay`` replays one seed and prints its whole trace."""
@@ -37,6 +37,10 @@ class Scenario:
     recover_at: int | None
     recover_lease: float
     """``--owner-lease`` of ``recover apply``: 120 s (the default) or shorter (an impatient operator)."""
+    setup: str = SHARED
+    """Where the log store lives (:data:`.world.SHARED`, :data:`.world.INSIDE` the state directory)."""
+    recover_skew: float = 0.0
+    """How far ``recover apply``'s clock is ahead of the true time (negative: behind)."""
 
     def line(self) -> str:
         k = self.knobs
@@ -44,8 +48,14 @@ class Scenario:
             f"{len(self.drivers)} drivers (lives {[h.lives for _, h in self.drivers]}, start at "
             f"{[at for at, _ in self.drivers]}), {len(self.batches)} batches, {self.vnodes} vnodes, parallelism "
             f"{self.parallelism}, files of <= {self.max_epochs} epochs, switch {k.switch}, crash {k.crash}, pause "
-            f"{k.pause}, recover apply "
-            + (f"at step {self.recover_at} (lease {self.recover_lease:g} s)" if self.recover_at is not None else "no")
+            f"{k.pause} (<= {k.pause_steps} steps), recover apply "
+            + (
+                f"at step {self.recover_at} (lease {self.recover_lease:g} s, clock {self.recover_skew:+g} s)"
+                if self.recover_at is not None
+                else "no"
+            )
+            + f", log store {self.setup}, clocks {[h.skews for _, h in self.drivers]}"
+            + f" (jump {[h.jump for _, h in self.drivers]})"
         )
 
 
@@ -76,7 +86,7 @@ def scenario(seed: int) -> Scenario:
             close=rng.choice([0.3, 0.8]),
         )
         drivers.append((0 if k == 0 else rng.randint(0, 150), habits))
-    return Scenario(
+    sc = Scenario(
         batches=[rng.choice([0, 1, 2, 3, 3, 4]) for _ in range(rng.randint(2, 6) if light else rng.randint(3, 8))],
         vnodes=rng.randint(1, 4),
         parallelism=rng.randint(1, 2),
@@ -85,6 +95,45 @@ def scenario(seed: int) -> Scenario:
         drivers=drivers,
         recover_at=rng.randint(0, 400) if rng.random() < 0.4 else None,
         recover_lease=rng.choice([120.0, 10.0, 0.0]),
+    )
+    return setups(sc, random.Random(f"setup-{seed}"))
+
+
+SKEWS = [(0.0,), (0.0,), (0.0, 3600.0), (0.0, -3600.0), (-30.0, 30.0), (0.0, 3600.0, -3600.0)]
+"""Clocks a driver may have (seconds ahead of the true time): right, an hour ahead or behind (a wrong time zone
+or a clock that jumps), or off by half a minute either way."""
+LONG_PAUSE = 2600
+"""Steps of a pause longer than ``recover apply``'s default lease (130 simulated seconds)."""
+
+
+def setups(sc: Scenario, rng: random.Random) -> Scenario:
+    """The documented setups, drawn from a generator of their own (the draws above stay as they were): where the log
+    store lives, the drivers' and ``recover``'s clocks, and pauses that outlast the owner lease.
+
+    With the log store inside the state directory (the default setup), the state directory belongs to one driver
+    (its processes one after the other; its lock keeps out a second), a backup holds the log store, and a restore
+    puts the durable home back with it. A lost state directory loses the sink there, which start-up refuses
+    (tested apart), so it is not drawn; nor is a ``recover apply`` racing a restore of the home (an operator who
+    restores a log store stops everything that uses it first)."""
+    setup = rng.choice([SHARED, SHARED, INSIDE])
+    drivers = [
+        (at, dataclasses.replace(h, skews=rng.choice(SKEWS), jump=rng.choice([0.0, 0.0, 0.2]))) for at, h in sc.drivers
+    ]
+    recover_at = sc.recover_at
+    if setup == INSIDE:
+        drivers = [(0, dataclasses.replace(drivers[0][1], lose_state=0.0))]
+        if drivers[0][1].restore_backup:
+            recover_at = None
+    knobs = sc.knobs
+    if knobs.pause and rng.random() < 0.2:
+        knobs = dataclasses.replace(knobs, pause_steps=LONG_PAUSE)
+    return dataclasses.replace(
+        sc,
+        setup=setup,
+        drivers=drivers,
+        recover_at=recover_at,
+        knobs=knobs,
+        recover_skew=rng.choice([0.0, 0.0, 3600.0, -3600.0, 30.0, -30.0]),
     )
 
 
@@ -142,7 +191,7 @@ def simulate(seed: int, *, conditional: bool = True, single_driver: bool = False
     if single_driver:
         sc = dataclasses.replace(sc, drivers=sc.drivers[:1], recover_at=None)
     s = Scheduler(seed, sc.knobs)
-    world = World(s, batches=sc.batches, vnodes=sc.vnodes, conditional=conditional)
+    world = World(s, batches=sc.batches, vnodes=sc.vnodes, conditional=conditional, setup=sc.setup)
     rollover = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=sc.max_epochs)
     drivers = [
         Driver(
@@ -160,7 +209,11 @@ def simulate(seed: int, *, conditional: bool = True, single_driver: bool = False
         for d, (at, _) in zip(drivers, sc.drivers, strict=True):
             s.spawn(d.name, d.body, start_at=at)
         if sc.recover_at is not None:
-            s.spawn("recover", lambda actor: recover_apply(world, actor, sc.recover_lease), start_at=sc.recover_at)
+            s.spawn(
+                "recover",
+                lambda actor: recover_apply(world, actor, sc.recover_lease, sc.recover_skew),
+                start_at=sc.recover_at,
+            )
         s.run()
         if s.failure is None:
             s.knobs = Knobs(switch=0.0, max_steps=s.step + 20_000)
@@ -171,9 +224,14 @@ def simulate(seed: int, *, conditional: bool = True, single_driver: bool = False
 
 def final(world: World, drivers: list[Driver], actor: object) -> None:
     """The final driver, alone: on the state directory of a driver (or an empty one), it runs every batch the
-    checkpoint has not passed and flushes. Refused, it starts again on an empty state directory (rebuilt from the
-    durable home), as the operator would; refused again, the run ends refused."""
+    checkpoint has not passed, and one more, and flushes. Refused, it starts again on an empty state directory
+    (rebuilt from the durable home), as the operator would; refused again, the run ends refused."""
     s = world.scheduler
+    # The query goes on: new input arrives, and Spark brings the final driver at least one batch past the
+    # scenario's. A state restored behind the checkpoint learns of the gap only from a batch; a model in which the
+    # input had ended would call the rows of the batches it missed silently lost, where the next batch of the
+    # query (or a start-up after files were committed: the output's mark) is refused.
+    world.sizes.append(1)
     disks = [d.disk for d in drivers] + [StateDisk.empty()]
     first = s.rng.choice(disks)
     for attempt, disk in enumerate([first, StateDisk.empty()]):

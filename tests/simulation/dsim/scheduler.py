@@ -60,6 +60,9 @@ class Actor:
         self.baton = threading.Lock()
         self.baton.acquire()  # held: the actor waits on it until the scheduler releases it
         self.started = False
+        self.skew = 0.0
+        """Seconds this actor's wall clock is ahead of the true time (negative: behind); ``time.monotonic`` is not
+        skewed."""
 
     def reborn(self) -> None:
         """A new process of this actor starts (after a crash): it runs again."""
@@ -249,7 +252,8 @@ class SimClock:
         self.scheduler = scheduler
 
     def time(self) -> float:
-        return self.EPOCH + self.scheduler.step * SECONDS_PER_STEP
+        actor = self.scheduler.current()
+        return self.EPOCH + self.scheduler.step * SECONDS_PER_STEP + (actor.skew if actor is not None else 0.0)
 
     def monotonic(self) -> float:
         return self.scheduler.step * SECONDS_PER_STEP

@@ -32,6 +32,15 @@ class MemStorage:
         self._names: list[str] = []
         """The names of :attr:`files`, sorted (a listing is a range of it)."""
 
+    def snapshot(self) -> dict[str, bytes]:
+        """A copy of every file as it is now (a backup of the log store's directory; not a scheduling point)."""
+        return dict(self.files)
+
+    def restore(self, files: dict[str, bytes]) -> None:
+        """Put the files of a :meth:`snapshot` back, and only those (a restore of the log store's directory)."""
+        self.files = dict(files)
+        self._names = sorted(self.files)
+
     def _point(self, op: str, relpath: str) -> None:
         self.scheduler.point(f"{op} {relpath}" if self.root == ROOT else f"{op} {self.root}/{relpath}")
 

@@ -17,6 +17,12 @@ from .output import ModelOutput, Row
 from .scheduler import Scheduler
 from .storage import ROOT, MemStorage, SimLocation
 
+SHARED = "shared"
+"""The log store on a disk of its own or on S3: shared by every driver, and not in the state directory's backups."""
+INSIDE = "inside"
+"""The log store inside the state directory (the default): its backups hold the log store, and a restore puts the
+durable home back as it was too."""
+
 
 class StateDisk:
     """A state directory's database: what survives a driver's process (committed transactions only). Copies are
@@ -107,8 +113,12 @@ class Outcome:
 
 
 class World:
-    def __init__(self, scheduler: Scheduler, *, batches: list[int], vnodes: int, conditional: bool = True) -> None:
+    def __init__(
+        self, scheduler: Scheduler, *, batches: list[int], vnodes: int, conditional: bool = True, setup: str = SHARED
+    ) -> None:
         self.scheduler = scheduler
+        self.setup = setup
+        """Where the log store lives: :data:`SHARED` or :data:`INSIDE`."""
         self.storage = MemStorage(scheduler, conditional=conditional)
         self.location = SimLocation(ROOT, storage=self.storage)
         self.output = ModelOutput(scheduler)
