@@ -327,8 +327,10 @@ def report(runs: list[Run], variants: tuple[str, ...], rows: int, workload: str)
         row("files at the end", lambda rs: ", ".join(str(r.files) for r in rs)),
         row(
             "seconds until a row is readable, median / max",
-            lambda rs: f"{_med([x for r in rs for x in r.latencies]):.1f} / "
-            f"{max((x for r in rs for x in r.latencies), default=float('nan')):.1f}",
+            lambda rs: (
+                f"{_med([x for r in rs for x in r.latencies]):.1f} / "
+                f"{max((x for r in rs for x in r.latencies), default=float('nan')):.1f}"
+            ),
         ),
         row("load (1 min) before -> after", lambda rs: ", ".join(f"{r.load[0]:.1f} -> {r.load[1]:.1f}" for r in rs)),
         "",
