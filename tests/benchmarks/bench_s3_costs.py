@@ -43,6 +43,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,6 +123,8 @@ class CountingProxy(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
     def record(self, path: str, op: str, sent: int, received: int) -> None:
+        """``path`` is ``/bucket/key``; a request on the bucket (a listing, a bulk delete) is counted under the
+        key its ``prefix`` names (or its first key), passed as ``path`` by the caller."""
         parts = path.lstrip("/").split("/")
         run = parts[1] if len(parts) > 1 else ""
         prefix = parts[2] if len(parts) > 2 else ""
@@ -147,7 +150,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: CountingProxy
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _body(self) -> bytes:
@@ -190,7 +193,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             conn.close()
         query = parse_qs(parts.query, keep_blank_values=True)
-        self.server.record(parts.path, operation(self.command, parts.path, query, self.headers), len(body), len(data))
+        path = parts.path
+        bucket, _, key = path.lstrip("/").partition("/")
+        if not key:  # a listing (its prefix) or a bulk delete (its first key): counted under the run it names
+            found = re.search(rb"<Key>([^<]*)</Key>", body) if "delete" in query else None
+            named = found.group(1).decode() if found else (query.get("prefix") or [""])[0]
+            path = f"/{bucket}/{named}"
+        self.server.record(path, operation(self.command, parts.path, query, self.headers), len(body), len(data))
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
@@ -323,6 +332,7 @@ def run_job(engines: Any, spec: dict[str, Any], job_dir: Path) -> dict[str, Any]
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])
+    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = str(engines.python)  # the workers in the same venv
     log = job_dir / f"{spec['variant']}.log"
     with open(log, "wb") as out:
         try:
@@ -348,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-mib", type=int, default=16, help="our sink's target file size")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--json", type=Path, default=None, help="write each run's counts to this JSON file")
     args = parser.parse_args(argv)
     if args.job:
         spec = json.loads(args.job.read_text())
@@ -403,7 +414,11 @@ def main(argv: list[str] | None = None) -> int:
             }
             load0 = os.getloadavg()[0]
             start = time.perf_counter()
-            result = run_job(engines, spec, job_dir)
+            try:
+                result = run_job(engines, spec, job_dir)
+            except SystemExit as e:  # reported, the other variants still run
+                print(f"  {variant}: {e}", flush=True)
+                continue
             seconds = time.perf_counter() - start
             counts, sizes = proxy.of_run(name)
             run = Run(variant, seconds, result, counts, sizes, (load0, os.getloadavg()[0]))
@@ -435,8 +450,63 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print("\n".join(report(runs, landed, args)))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        **r.__dict__,
+                        "counts": [[*k, n] for k, n in r.counts.items()],
+                        "optimize": [[*k, n] for k, n in r.optimize.items()],
+                    }
+                    for r in runs
+                ]
+            )
+        )
     print(f"\nload average after: {os.getloadavg()}")
     return 0
+
+
+EPOCH_SECONDS = 60.0
+"""The scenario's trigger: one epoch a minute, 1,440 a day (at 1 TB a day, about 694 MB an epoch)."""
+SCENARIO_FILE = 128 * 2**20
+"""The scenario's output files: the sink's default target size, 128 MiB."""
+PART = 50 * 2**20
+"""s3fs's block size: an object of more than this is a multipart upload of parts of this size."""
+
+
+def per_unit(r: Run) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """The run's requests per epoch (the Spark checkpoint, the log store and its home) and per output file (the
+    output's requests, over the files written; for Delta's sink every epoch writes its own files and commit, so
+    the output's requests are counted per epoch too)."""
+    epoch: collections.Counter[str] = collections.Counter()
+    per_file: collections.Counter[str] = collections.Counter()
+    for (prefix, op), n in r.counts.items():
+        if prefix == "out" and r.variant != "delta-spark":
+            per_file[op] += n
+        else:
+            epoch[op] += n
+    epochs = max(1, r.result["epochs"])
+    files = max(1, r.result.get("files") or 1)
+    return (
+        collections.Counter({op: n / epochs for op, n in epoch.items()}),
+        collections.Counter({op: n / files for op, n in per_file.items()}),
+    )
+
+
+def month_bill(r: Run) -> tuple[float, float]:
+    """The scenario's monthly request bill (USD) and requests: the measured requests per epoch times the epochs of
+    a month at one a minute, plus the measured requests per output file times the 128 MiB files of 30 TB, plus the
+    upload parts of objects above s3fs's 50 MiB block (the scenario's files and log segments are large; the run's
+    were not). Storage is apart (the same for every variant)."""
+    epoch, per_file = per_unit(r)
+    epochs = MONTH_DAYS * 86_400 / EPOCH_SECONDS
+    files = DAY_GB * GB * MONTH_DAYS / SCENARIO_FILE
+    parts_per_copy = DAY_GB * GB * MONTH_DAYS / PART
+    copies = 1 if r.variant == "delta-spark" else 2  # ours writes each byte twice: the log segment, the file
+    requests = sum(epoch.values()) * epochs + sum(per_file.values()) * files + parts_per_copy * copies
+    usd = bill(epoch) * epochs + bill(per_file) * files + parts_per_copy * copies * PRICE_TIER1
+    return usd, requests
 
 
 def report(runs: list[Run], landed: int, args: argparse.Namespace) -> list[str]:
@@ -447,8 +517,8 @@ def report(runs: list[Run], landed: int, args: argparse.Namespace) -> list[str]:
         "",
         "Requests by operation (whole run; delta-spark: the stream, then its OPTIMIZE apart):",
         "",
-        "| variant | " + " | ".join(OPERATIONS) + " | total | epochs | rolls | MB up | MB down |",
-        "|---" * (len(OPERATIONS) + 7) + "|",
+        "| variant | " + " | ".join(OPERATIONS) + " | total | epochs | rolls | files | MB up | MB down |",
+        "|---" * (len(OPERATIONS) + 8) + "|",
     ]
     for r in runs:
         ops = r.by_op()
@@ -456,52 +526,53 @@ def report(runs: list[Run], landed: int, args: argparse.Namespace) -> list[str]:
             f"| {r.variant} | "
             + " | ".join(str(ops[o]) for o in OPERATIONS)
             + f" | {sum(ops.values())} | {r.result['epochs']} | {r.result.get('rolls', '')} | "
-            f"{r.bytes['up'] / 1e6:.1f} | {r.bytes['down'] / 1e6:.1f} |"
+            f"{r.result.get('files', '')} | {r.bytes['up'] / 1e6:.1f} | {r.bytes['down'] / 1e6:.1f} |"
         )
         if r.optimize:
             ops = r.by_op(r.optimize)
             lines.append(
-                f"| ... its OPTIMIZE | " + " | ".join(str(ops[o]) for o in OPERATIONS) + f" | {sum(ops.values())} |"
-                " | | | |"
+                "| ... its OPTIMIZE | " + " | ".join(str(ops[o]) for o in OPERATIONS) + f" | {sum(ops.values())} |"
+                " | | | | |"
             )
-    lines += ["", "Requests by prefix (whole run):", ""]
+    lines += ["", "Requests by prefix and operation (whole run):", ""]
     for r in runs:
-        prefixes = collections.Counter[str]()
-        for (p, _), n in r.counts.items():
-            prefixes[p] += n
-        lines.append(f"- {r.variant}: " + ", ".join(f"{p or '(bucket)'} {n}" for p, n in sorted(prefixes.items())))
+        lines.append(
+            f"- {r.variant}: " + ", ".join(f"{p or '(bucket)'}/{op} {n}" for (p, op), n in sorted(r.counts.items()))
+        )
     lines += [
         "",
-        "Per epoch, per roll and per GB landed (stream only), and the monthly request bill at 1 TB landed a day:",
+        "Per epoch (checkpoint, log store, home; Delta: its output too), per output file, per GB landed in this run:",
         "",
-        "| variant | requests/epoch | billed tier-1/epoch | requests/roll | requests/GB | USD/GB requests |"
-        " USD/month requests | USD/month storage (30 days kept) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | requests/epoch | of them tier-1 | requests/output file | requests/GB (this run) |",
+        "|---|---|---|---|---|",
     ]
     for r in runs:
-        ops = r.by_op()
-        total = sum(ops.values())
-        tier1 = sum(ops[o] for o in TIER1)
-        epochs = max(1, r.result["epochs"])
-        rolls = r.result.get("rolls")
-        per_gb = bill(ops) / gb
-        month = per_gb * DAY_GB * MONTH_DAYS
-        storage = DAY_GB * MONTH_DAYS * PRICE_STORAGE
+        epoch, per_file = per_unit(r)
+        tier1 = sum(n for op, n in epoch.items() if op in TIER1)
         lines.append(
-            f"| {r.variant} | {total / epochs:.1f} | {tier1 / epochs:.1f} | "
-            f"{total / rolls if rolls else float('nan'):.1f} | {total / gb:,.0f} | {per_gb:.4f} | {month:,.2f} | "
-            f"{storage:,.0f} |"
+            f"| {r.variant} | {sum(epoch.values()):.1f} | {tier1:.1f} | {sum(per_file.values()):.1f} | "
+            f"{sum(r.by_op().values()) / gb:,.0f} |"
         )
-        if r.optimize:
-            lines.append(
-                f"| ... one OPTIMIZE | | | | {sum(r.optimize.values()) / gb:,.0f} | {bill(r.by_op(r.optimize)) / gb:.4f} "
-                f"| {bill(r.by_op(r.optimize)) / gb * DAY_GB * MONTH_DAYS:,.2f} (if once per {gb:.2f} GB) | |"
-            )
-    lines += ["", "By prefix and operation:", ""]
+    storage = DAY_GB * MONTH_DAYS * PRICE_STORAGE
+    lines += [
+        "",
+        f"A month at 1 TB landed a day: one epoch every {EPOCH_SECONDS:.0f} s, output files of "
+        f"{SCENARIO_FILE // 2**20} MiB, parts of {PART // 2**20} MiB; storage of 30 days of output "
+        f"(30 TB): USD {storage:,.0f} a month for every variant:",
+        "",
+        "| variant | requests/month | USD/month requests |",
+        "|---|---|---|",
+    ]
     for r in runs:
-        lines.append(
-            f"- {r.variant}: " + ", ".join(f"{p}/{op} {n}" for (p, op), n in sorted(r.counts.items()))
-        )
+        usd, requests = month_bill(r)
+        lines.append(f"| {r.variant} | {requests:,.0f} | {usd:,.2f} |")
+        if r.optimize:
+            ops = r.by_op(r.optimize)
+            per_day = bill(ops) * 24
+            lines.append(
+                f"| ... its OPTIMIZE, hourly (as measured here, {sum(ops.values())} requests a run) | "
+                f"{sum(ops.values()) * 24 * MONTH_DAYS:,.0f} | {per_day * MONTH_DAYS:,.2f} |"
+            )
     return lines
 
 
