@@ -518,7 +518,7 @@ def report(runs: list[Run], landed: int, args: argparse.Namespace) -> list[str]:
         "Requests by operation (whole run; delta-spark: the stream, then its OPTIMIZE apart):",
         "",
         "| variant | " + " | ".join(OPERATIONS) + " | total | epochs | rolls | files | MB up | MB down |",
-        "|---" * (len(OPERATIONS) + 8) + "|",
+        "|---" * (len(OPERATIONS) + 7) + "|",
     ]
     for r in runs:
         ops = r.by_op()
