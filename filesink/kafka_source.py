@@ -241,8 +241,8 @@ def open_stream(spark: Any, kafka: KafkaOptions) -> Any:
     kept = [F.col(c) for c in KAFKA_COLUMNS]
     if kafka.value == "binary":
         return raw.select(F.col("key"), F.col("value"), *kept)
-    key = F.col("key").cast("string").alias("key")
+    text_key = F.col("key").cast("string").alias("key")
     if kafka.value == "string":
-        return raw.select(key, F.col("value").cast("string").alias("value"), *kept)
+        return raw.select(text_key, F.col("value").cast("string").alias("value"), *kept)
     parsed = F.from_json(F.col("value").cast("string"), str(kafka.schema), {"mode": "FAILFAST"}).alias("_value")
-    return raw.select(key, parsed, *kept).select("key", "_value.*", *KAFKA_COLUMNS)
+    return raw.select(text_key, parsed, *kept).select("key", "_value.*", *KAFKA_COLUMNS)
