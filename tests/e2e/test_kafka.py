@@ -60,7 +60,7 @@ def _start(tmp_path: Path, broker: KafkaBroker, topics: str, parallelism: int, *
         *("-m", "filesink", "run", "--format", "kafka", "--kafka-bootstrap", broker.bootstrap, "--topics", topics),
         *("--output", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")),
         *("--parallelism", str(parallelism), "--trigger", "1s", "--max-file-age", "1s"),
-        *("--kafka-option", "maxOffsetsPerTrigger=70", "--conf", f"spark.jars={jars}", *extra),
+        *("--kafka-option", "maxOffsetsPerTrigger=150", "--conf", f"spark.jars={jars}", *extra),
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYSPARK_PYTHON", "SPARK_HOME")}
     env["PYTHONPATH"] = str(ROOT)
