@@ -68,13 +68,17 @@ def _start(tmp_path: Path, broker: KafkaBroker, topics: str, parallelism: int, *
     return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen[Any], tmp_path: Path) -> str:
+def _finish(proc: subprocess.Popen[Any], tmp_path: Path, code: int = 0) -> str:
+    """Wait for the run (killed after :data:`RUN_DEADLINE`); its exit code must be ``code``: the run's output
+    (the log is emptied for the next run)."""
     try:
         proc.wait(RUN_DEADLINE)
     except subprocess.TimeoutExpired:
         kill(proc, group=True)
-    text = (tmp_path / "run.log").read_text(errors="replace")
-    assert proc.returncode == 0, text[-4000:]
+    log = tmp_path / "run.log"
+    text = log.read_text(errors="replace")
+    log.unlink()
+    assert proc.returncode == code, text[-4000:]
     return text
 
 
@@ -103,6 +107,7 @@ def _check_exactly_once(rows: list[dict[str, Any]], broker: KafkaBroker, topic: 
     assert len({r["partition"] for r in rows}) == len(ends) > 1
 
 
+@pytest.mark.slow
 def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) -> None:
     """Records on three partitions; the job is SIGKILLed once it committed two batches, more records are written,
     and a restart at another parallelism drains the topic (``--available-now``): each record once."""
@@ -119,6 +124,35 @@ def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) 
     _check_exactly_once(rows, broker, "events", written + more)
     assert set(rows[0]) == {"key", "value", "topic", "partition", "offset", "timestamp"}
     assert "done:" in text
+
+
+def _positions(rows: list[dict[str, Any]]) -> Counter[tuple[str, int, int]]:
+    return Counter((r["topic"], r["partition"], r["offset"]) for r in rows)
+
+
+@pytest.mark.chaos
+def test_kafka_records_deleted_before_they_were_read(tmp_path: Path, broker: KafkaBroker) -> None:
+    """Records of partition 0 deleted (as retention does) before the query read them: with failOnDataLoss true
+    (Spark's default) the run fails with Spark's reason and writes nothing more; with failOnDataLoss=false it says
+    at its start that gaps are skipped, and writes exactly the records that are left."""
+    broker.create_topic("lossy", 2)
+    broker.produce("lossy", _records(0, 200))
+    _finish(_start(tmp_path, broker, "lossy", 2, "--available-now"), tmp_path)
+    first = _positions(_output(tmp_path))
+    read = broker.end_offsets("lossy")
+    assert first == Counter({("lossy", p, o): 1 for p, end in read.items() for o in range(end)})
+    broker.produce("lossy", _records(200, 200))
+    ends = broker.end_offsets("lossy")
+    broker.delete_records("lossy", {0: ends[0]})
+    failed = _finish(_start(tmp_path, broker, "lossy", 2, "--available-now"), tmp_path, code=1)
+    assert "lost" in failed.lower() and "failOnDataLoss" in failed, failed[-3000:]
+    assert _positions(_output(tmp_path)) == first
+    skipped = _finish(
+        _start(tmp_path, broker, "lossy", 2, "--available-now", "--kafka-option", "failOnDataLoss=false"), tmp_path
+    )
+    assert "note: failOnDataLoss=false" in skipped
+    left = Counter({("lossy", 1, o): 1 for o in range(read[1], ends[1])})
+    assert _positions(_output(tmp_path)) == first + left
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,14 @@ class KafkaBroker:
             stdin=lines,
         )
 
+    def delete_records(self, topic: str, before: dict[int, int]) -> None:
+        """Delete the records of each partition below its offset in ``before``, as retention does (the
+        partition's log start offset moves up)."""
+        spec = {"version": 1, "partitions": [{"topic": topic, "partition": p, "offset": o} for p, o in before.items()]}
+        file = self.directory / f"delete-{topic}.json"
+        file.write_text(json.dumps(spec))
+        self.tool("org.apache.kafka.tools.DeleteRecordsCommand", "--offset-json-file", str(file))
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Partition -> the offset after its last record."""
         out = self.tool("org.apache.kafka.tools.GetOffsetShell", "--topic", topic)
