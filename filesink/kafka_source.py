@@ -213,6 +213,18 @@ DATA_LOSS_NOTICE = (
 )
 
 
+def kafka_fix(summary: list[str]) -> str:
+    """What to do after a failed batch of a Kafka query (Spark's error lines in ``summary``)."""
+    if any("Some data may have been lost" in line for line in summary):
+        return (
+            "Kafka no longer holds records this query has not read (deleted by retention, or the topic was "
+            "recreated), and failOnDataLoss is true: every start fails the same way. To give those records up and "
+            "go on, run the same command with --kafka-option failOnDataLoss=false; the output then has a gap in "
+            "those partitions' offsets (docs/kafka.md)."
+        )
+    return "Fix the cause and run the same command again: it resumes with that batch, read again from Kafka."
+
+
 def columns(kafka: KafkaOptions) -> list[str]:
     """The columns of :func:`open_stream`'s rows, before Spark starts."""
     from .preflight import ddl_columns
