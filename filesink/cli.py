@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from recovery.cli import add_parser as add_recover
 from recovery.cli import recover
 
-from . import s3options
+from . import kafka_source, s3options
 from .argparsing import Parser, catalog_property
 from .destination import TableFormat
 from .destination.catalogs import cli_catalog_refusal, needs_catalog
@@ -80,7 +80,7 @@ def _conf(text: str) -> tuple[str, str]:
 
 
 def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
-    text = "stream a landing directory of Parquet, JSON or CSV files into exactly-once Parquet files"
+    text = "stream a landing directory of Parquet, JSON or CSV files (or Kafka topics) into exactly-once Parquet files"
     run = commands.add_parser(
         "run",
         help=text,
@@ -89,9 +89,14 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
         "query holds the state directory, 5 a log segment the sink needs is missing or damaged (see `filesink "
         "recover status`), 130 stopped at once by a second Ctrl-C.",
     )
-    run.add_argument("--input", required=True, type=Path, metavar="DIR", help="the landing directory to read")
     run.add_argument(
-        "--format", default="parquet", choices=["parquet", "json", "csv"], help="input file format (default: parquet)"
+        "--input", type=Path, metavar="DIR", help="the landing directory to read (required but with --format kafka)"
+    )
+    run.add_argument(
+        "--format",
+        default="parquet",
+        choices=["parquet", "json", "csv", "kafka"],
+        help="input file format, or kafka to read Kafka topics (docs/kafka.md) (default: parquet)",
     )
     run.add_argument("--output", required=True, metavar="URL", help="output directory or s3://bucket/prefix")
     run.add_argument(
@@ -233,6 +238,7 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
         help="a Spark configuration setting, e.g. spark.driver.memory=4g (repeatable)",
     )
     s3options.add_arguments(run)
+    kafka_source.add_arguments(run)
 
 
 def table_usage(
@@ -348,7 +354,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     if args.remote and not args.remote.startswith("sc://"):
         parser.error(f"--remote takes a Spark Connect URL such as sc://host:15002, not {args.remote!r}")
-    problem = table_usage(args.table_format, args.table, dict(args.catalog), args.output)
+    problem = kafka_source.usage(args) or table_usage(args.table_format, args.table, dict(args.catalog), args.output)
     if problem:
         parser.error(problem)
     from rich.console import Console
@@ -364,7 +370,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     from .runconfig import RunConfig
 
     return RunConfig(
-        input=args.input.absolute(),
+        input=args.input.absolute() if args.input else Path(),  # unused with --format kafka
         format=args.format,
         output=args.output,
         state_dir=args.state_dir.absolute(),
@@ -395,6 +401,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         table_format=args.table_format,
         table=args.table,
         catalog=dict(args.catalog),
+        kafka=kafka_source.options_of(args),
     )
 
 

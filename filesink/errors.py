@@ -200,3 +200,8 @@ class TableCommitFailedError(FileSinkError):
 class TableCommitUnknownError(FileSinkError):
     """A roll's table commit may or may not have landed, and the table could not be read again to tell. The
     files stay pending: the next start or ``filesink recover apply`` decides from the table's history alone."""
+
+
+class KafkaSourceError(FileSinkError):
+    """Spark's Kafka source cannot be had (its jar for this Spark version), or refuses the Kafka options: raised
+    before the sink's state is opened, so nothing is sealed or written."""

@@ -29,6 +29,7 @@ from logstore import store as logstore_store
 from logstore.storage import is_local
 from logstore.store import REBUILD_NOTICE
 
+from . import kafka_source
 from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_OK, InputError
@@ -126,19 +127,24 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
 
         return run_remote(config, console, out)
     started = time.monotonic()
-    found = check_input(
-        config.input,
-        config.format,
-        merge=not config.schema,  # a schema given is what the files are read with
-        fill_missing=config.fill_missing_columns,
-        keep=(*config.keys, *config.partition_by),
-    )
+    found, replay = None, None
+    if config.kafka is None:
+        found = check_input(
+            config.input,
+            config.format,
+            merge=not config.schema,  # a schema given is what the files are read with
+            fill_missing=config.fill_missing_columns,
+            keep=(*config.keys, *config.partition_by),
+        )
     make_local_dir(config.state_dir, "the state directory (--state-dir)", create=False)
     make_local_dir(config.checkpoint_dir, "the checkpoint directory (--checkpoint)", create=False)
-    replay = check_replay(config.checkpoint_dir, found.files, config.drop_missing_input)
-    if config.schema:
+    if found is not None:
+        replay = check_replay(config.checkpoint_dir, found.files, config.drop_missing_input)
+    if config.kafka is not None:
+        check_named_columns(kafka_source.columns(config.kafka), config.keys, config.partition_by, "the Kafka input")
+    elif config.schema:
         check_named_columns(ddl_columns(config.schema), config.keys, config.partition_by, "--schema")
-    elif found.merged is not None:
+    elif found is not None and found.merged is not None:
         names = found.merged.schema.names
         check_named_columns(names, config.keys, config.partition_by, "the Parquet files' footers")
     config.log_store = config.log_store or LogStore.recorded_location(config.state_dir)
@@ -149,18 +155,27 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         check_s3(config.log_store, options, "log store")
     if config.master:
         check_master(config.master)
-    with _start_notices_said_here():
-        sink = make_sink(config, options)
-    spark = None
+    spark: Any = None
+    stream: Any = None
+    if config.kafka is not None:
+        spark, stream = kafka_stream(config, out)  # before the sink opens: nothing is sealed if Kafka cannot be read
+    try:
+        with _start_notices_said_here():
+            sink = make_sink(config, options)
+    except BaseException:
+        if spark is not None:
+            spark.stop()
+        raise
     try:
         _report_recovery(sink, out)
-        for notice in replay.notices:
-            out(notice)
-        merged = found.merged and check_against_sink(found.merged, sink, config.input)  # before Spark starts
-        spark = spark_session(config)
-        spark.sparkContext.setLogLevel("FATAL")  # failures are reported below, without Spark's stack traces
-        schema = input_schema(spark, config, sink, bool(found.files), merged)
-        stream = input_reader(spark, config, streaming=True).schema(schema).load(str(config.input))
+        if found is not None and replay is not None:
+            for notice in replay.notices:
+                out(notice)
+            merged = found.merged and check_against_sink(found.merged, sink, config.input)  # before Spark starts
+            spark = spark_session(config)
+            spark.sparkContext.setLogLevel("FATAL")  # failures are reported below, without Spark's stack traces
+            schema = input_schema(spark, config, sink, bool(found.files), merged)
+            stream = input_reader(spark, config, streaming=True).schema(schema).load(str(config.input))
         stream = in_sink_order(stream, [name for name, _ in sink.recorded_spark_schema() or []])
         sink.check_schema(stream.schema)
         batches = Batches(sink)
@@ -200,6 +215,34 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         sink.close()
         if spark is not None:
             spark.stop()
+
+
+def kafka_stream(config: RunConfig, out: Callable[[str], None]) -> tuple[Any, Any]:
+    """Spark, with its Kafka source (:func:`filesink.kafka_source.spark_conf`), and the stream of ``config.kafka``:
+    started before the sink's state is opened, so that a Spark without the Kafka source jar, or options it refuses,
+    stop the run before anything is sealed (:class:`KafkaSourceError`)."""
+    import pyspark
+
+    assert config.kafka is not None
+    version = pyspark.__version__
+    config.spark_conf = kafka_source.spark_conf(config.spark_conf, version)
+    try:
+        spark = spark_session(config)
+    except Exception as e:
+        if "spark.jars.packages" not in config.spark_conf:
+            raise
+        from .runquery import spark_error_summary
+
+        raise kafka_source.missing_jar(version, "; ".join(spark_error_summary(e))[:400]) from None
+    try:
+        spark.sparkContext.setLogLevel("FATAL")
+        stream = kafka_source.open_stream(spark, config.kafka)
+    except BaseException:
+        spark.stop()
+        raise
+    if not config.kafka.fails_on_data_loss:
+        out(kafka_source.DATA_LOSS_NOTICE)
+    return spark, stream
 
 
 def _report_held(state_dir: Path, out: Callable[[str], None]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import s3options
+from .kafka_source import KafkaOptions
 from .rollover import Rollover
 from .sink import ExactlyOnceParquetSink
 
@@ -57,6 +58,8 @@ class RunConfig:
     """``--table``: the Iceberg table's identifier, ``<namespace>.<name>``."""
     catalog: dict[str, str] = field(default_factory=dict)
     """``--catalog``: pyiceberg's catalog properties (empty: the sink's default, an embedded catalog)."""
+    kafka: KafkaOptions | None = None
+    """``--format kafka``: the topics to read (:mod:`filesink.kafka_source`); ``input`` is then unused."""
 
     @property
     def checkpoint_dir(self) -> Path:

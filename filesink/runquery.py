@@ -159,6 +159,10 @@ def report_failure(error: BaseException, batches: Batches | None, config: RunCon
             "fenced at its next step), and start this command again only once the other run has stopped: it resumes "
             "with that batch."
         )
+    elif config.kafka is not None:
+        from .kafka_source import kafka_fix
+
+        fix = kafka_fix(summary)
     else:
         fix = _fix_input(summary, config)
     out(f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}")
