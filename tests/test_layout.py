@@ -26,6 +26,7 @@ TOP = {
     "filesink.progress",
     "filesink.preflight",
     "filesink.inputschema",
+    "filesink.kafka_source",
     "filesink.__main__",
 }
 """The layer above recovery: the sink object (it runs recovery at start-up; the package's ``__init__`` is its public
