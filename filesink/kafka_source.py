@@ -213,8 +213,26 @@ DATA_LOSS_NOTICE = (
 )
 
 
+REPLAY_PROGRESS_BUG = ('because the return value of "scala.Option.get()" is null', "IterableOps.map")
+"""The words of SPARK-55271: Spark 4.1's Kafka source fails the progress report of a batch replayed from the offset
+log after a restart (its ``metrics()`` reads latest offsets that only a planned batch sets), after that batch was
+written and committed."""
+
+
+def replay_progress_bug(summary: list[str]) -> bool:
+    """Whether the query failed with SPARK-55271 (:data:`REPLAY_PROGRESS_BUG`)."""
+    return any(all(words in line for words in REPLAY_PROGRESS_BUG) for line in summary)
+
+
 def kafka_fix(summary: list[str]) -> str:
     """What to do after a failed batch of a Kafka query (Spark's error lines in ``summary``)."""
+    if replay_progress_bug(summary):
+        return (
+            "This is a known bug of Spark 4.1's Kafka source (SPARK-55271): after a restart, the batch an earlier "
+            "run left unfinished is run again, and Spark's progress report of it fails after the batch was written "
+            "and committed. Nothing is lost or doubled, and it happens once per restart: run the same command "
+            "again (docs/kafka.md)."
+        )
     if any("Some data may have been lost" in line for line in summary):
         return (
             "Kafka no longer holds records this query has not read (deleted by retention, or the topic was "

@@ -160,9 +160,12 @@ def report_failure(error: BaseException, batches: Batches | None, config: RunCon
             "with that batch."
         )
     elif config.kafka is not None:
-        from .kafka_source import kafka_fix
+        from .kafka_source import kafka_fix, replay_progress_bug
 
         fix = kafka_fix(summary)
+        if replay_progress_bug(summary):  # Spark failed after the batch was committed
+            out(f"error: the streaming query failed:\n  {detail}\n{fix}")
+            return EXIT_FAILED
     else:
         fix = _fix_input(summary, config)
     out(f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}")

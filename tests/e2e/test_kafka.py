@@ -13,7 +13,10 @@ and restarted with another parallelism.
 from __future__ import annotations
 
 import os
+import random
+import shutil
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,9 @@ def _records(first: int, count: int) -> list[tuple[str, str]]:
     return [(f"k{i % 23}", f"v{i}") for i in range(first, first + count)]
 
 
-def _start(tmp_path: Path, broker: KafkaBroker, topics: str, parallelism: int, *extra: str) -> subprocess.Popen[Any]:
+def _start(
+    tmp_path: Path, broker: KafkaBroker, topics: str, parallelism: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[Any]:
     engines = engines_or_skip()
     jars = ",".join(str(j) for j in engines.jars if j.name.startswith(KAFKA_JARS))
     args = [
@@ -62,13 +67,13 @@ def _start(tmp_path: Path, broker: KafkaBroker, topics: str, parallelism: int, *
         *("--parallelism", str(parallelism), "--trigger", "1s", "--max-file-age", "1s"),
         *("--kafka-option", "maxOffsetsPerTrigger=150", "--conf", f"spark.jars={jars}", *extra),
     ]
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYSPARK_PYTHON", "SPARK_HOME")}
-    env["PYTHONPATH"] = str(ROOT)
+    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYSPARK_PYTHON", "SPARK_HOME")}
+    environ.update(env or {}, PYTHONPATH=str(ROOT))
     log = (tmp_path / "run.log").open("ab")
-    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(args, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen[Any], tmp_path: Path, code: int = 0) -> str:
+def _finish(proc: subprocess.Popen[Any], tmp_path: Path, code: int | None = 0) -> str:
     """Wait for the run (killed after :data:`RUN_DEADLINE`); its exit code must be ``code``: the run's output
     (the log is emptied for the next run)."""
     try:
@@ -78,8 +83,25 @@ def _finish(proc: subprocess.Popen[Any], tmp_path: Path, code: int = 0) -> str:
     log = tmp_path / "run.log"
     text = log.read_text(errors="replace")
     log.unlink()
-    assert proc.returncode == code, text[-4000:]
+    assert code is None or proc.returncode == code, text[-4000:]
     return text
+
+
+def _drain(
+    tmp_path: Path, broker: KafkaBroker, topics: str, parallelism: int, *extra: str, env: dict[str, str] | None = None
+) -> str:
+    """Run ``--available-now`` to the end of the topics: the last run's output. Spark 4.1's Kafka source fails a
+    restarted query once, after the batch it replayed was committed (SPARK-55271): the run says so and exits 1, and
+    the same command again goes on. Any other failure fails the test."""
+    for _ in range(3):
+        proc = _start(tmp_path, broker, topics, parallelism, "--available-now", *extra, env=env)
+        text = _finish(proc, tmp_path, code=None)
+        if proc.returncode == 0:
+            return text
+        assert proc.returncode == 1, text[-4000:]
+        assert "known bug of Spark 4.1's Kafka source (SPARK-55271)" in text, text[-4000:]
+        assert "Nothing of the failed batch was committed" not in text, text[-4000:]
+    raise AssertionError("the run still failed after 3 attempts")
 
 
 def _commits(tmp_path: Path) -> int:
@@ -119,7 +141,7 @@ def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) 
     kill(proc, group=True)
     more = _records(400, 300)
     broker.produce("events", more)
-    text = _finish(_start(tmp_path, broker, "events", 3, "--available-now"), tmp_path)
+    text = _drain(tmp_path, broker, "events", 3)
     rows = _output(tmp_path)
     _check_exactly_once(rows, broker, "events", written + more)
     assert set(rows[0]) == {"key", "value", "topic", "partition", "offset", "timestamp"}
@@ -185,3 +207,49 @@ def test_kafka_options_refused_without_format_kafka(tmp_path: Path, capsys: pyte
         main(["run", "--input", str(tmp_path), "--output", "o", "--state-dir", "s", "--topics", "a"])
     assert exit_.value.code == 2
     assert "--topics: options of --format kafka, not of --format parquet" in capsys.readouterr().err
+
+
+@pytest.mark.chaos
+def test_kafka_campaign_kills_new_partitions_and_a_lost_state(
+    tmp_path: Path, broker: KafkaBroker, s3_server: Any, s3_prefix: str
+) -> None:
+    """A producer writes while the job is SIGKILLed again and again; restarts alternate the parallelism; the topic
+    gains partitions mid-stream; once the state directory is deleted and the sink rebuilds it from its durable home
+    on S3 (the log store there, Spark's checkpoint kept apart). At the end every (topic, partition, offset) the
+    broker holds is in the output once, with its key and value."""
+    rng = random.Random(48)
+    broker.create_topic("stream", 2)
+    written: list[tuple[str, str]] = []
+    checkpoint = tmp_path / "checkpoint"
+    creds = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    s3 = ("--s3-endpoint", s3_server.endpoint, "--log-store", s3_prefix + "/log", "--checkpoint", str(checkpoint))
+
+    def produce(count: int) -> None:
+        records = _records(len(written), count)
+        broker.produce("stream", records)
+        written.extend(records)
+
+    def commits() -> int:
+        found = checkpoint / "commits"
+        return len([p for p in found.iterdir() if p.name.isdigit()]) if found.is_dir() else 0
+
+    produce(300)
+    for round_ in range(5):
+        if round_ == 2:
+            broker.add_partitions("stream", 4)  # new partitions, read from their first offset
+        if round_ == 3:
+            shutil.rmtree(tmp_path / "state")  # the driver's machine is gone; the home on S3 is not
+        before = commits()
+        proc = _start(tmp_path, broker, "stream", 2 + round_ % 2, *s3, env=creds)
+        wait_until(lambda b=before: commits() > b, BATCHES_DEADLINE, f"a committed batch in round {round_}", proc=proc)
+        produce(rng.randint(100, 250))  # while the job runs
+        time.sleep(rng.uniform(0.5, 4.0))
+        kill(proc, group=True)
+        produce(rng.randint(50, 150))  # while it is down
+    text = _drain(tmp_path, broker, "stream", 3, *s3, env=creds)
+    rows = _output(tmp_path)
+    ends = broker.end_offsets("stream")
+    assert len(ends) == 4 and all(ends.values()), ends
+    assert _positions(rows) == Counter({("stream", p, o): 1 for p, end in ends.items() for o in range(end)})
+    assert Counter((r["key"], r["value"]) for r in rows) == Counter(written)
+    assert "done:" in text
