@@ -28,11 +28,14 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from duckdb_env import locked
+
+T = TypeVar("T")
 
 PYSPARK = "4.1.1"
 DELTA = "4.2.0"
@@ -122,23 +125,31 @@ def pinned_engines(root: Path | None = None) -> tuple[Engines | None, str]:
     """The environment under ``root`` (default :func:`cache_root`), built first if it is not yet: ``(engines, "")``,
     or ``(None, reason)`` naming the step that failed and its answer. Several processes may call this at once: one
     builds under a lock file, the others wait and reuse what it built."""
-    root = root or cache_root()
-    home = root / env_name()
-    found = _ready(home)
-    if found:
+    home = (root or cache_root()) / env_name()
+    return built_once(home, lambda: _ready(home), lambda: _build(home), LOCK_DEADLINE)
+
+
+def built_once(
+    home: Path, ready: Callable[[], T | None], build: Callable[[], str], deadline: float
+) -> tuple[T | None, str]:
+    """What ``ready()`` finds in ``home``, built first by ``build()`` (which returns "" or why it failed) if it finds
+    nothing: ``(found, "")`` or ``(None, reason)``. One process builds under a lock file beside ``home``; others wait
+    up to ``deadline`` seconds and reuse what it built."""
+    found = ready()
+    if found is not None:
         return found, ""
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        home.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        return None, f"cannot create the cache directory {root}: {e}"
-    with locked(root / f"{home.name}.lock", LOCK_DEADLINE, poll=0.5) as held:
+        return None, f"cannot create the cache directory {home.parent}: {e}"
+    with locked(home.parent / f"{home.name}.lock", deadline, poll=0.5) as held:
         if not held:
-            return None, f"another process built {home} for more than {LOCK_DEADLINE:g} s (its lock is held)"
-        found = _ready(home)
-        if found:
+            return None, f"another process built {home} for more than {deadline:g} s (its lock is held)"
+        found = ready()
+        if found is not None:
             return found, ""
-        reason = _build(home)
-    return (None, reason) if reason else (_ready(home), "")
+        reason = build()
+    return (None, reason) if reason else (ready(), "")
 
 
 def _ready(home: Path) -> Engines | None:

@@ -17,8 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from duckdb_env import locked
-from engines_env import _run, cache_root
+from engines_env import _run, built_once, cache_root
 
 KAFKA = "4.1.1"
 ARTIFACTS = (f"org.apache.kafka:kafka_2.13:{KAFKA}", f"org.apache.kafka:kafka-tools:{KAFKA}")
@@ -43,21 +42,8 @@ POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 def kafka_home(root: Path | None = None) -> tuple[Path | None, str]:
     """The directory of Kafka's jars (``<home>/jars``), fetched first if need be: ``(home, "")``, or
     ``(None, reason)`` naming the command that failed and its answer."""
-    root = root or cache_root()
-    home = root / f"kafka-{KAFKA}"
-    if (home / READY).exists():
-        return home, ""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        return None, f"cannot create the cache directory {root}: {e}"
-    with locked(root / f"{home.name}.lock", LOCK_DEADLINE, poll=0.5) as held:
-        if not held:
-            return None, f"another process fetched {home} for more than {LOCK_DEADLINE:g} s (its lock is held)"
-        if (home / READY).exists():
-            return home, ""
-        reason = _build(home)
-    return (None, reason) if reason else (home, "")
+    home = (root or cache_root()) / f"kafka-{KAFKA}"
+    return built_once(home, lambda: home if (home / READY).exists() else None, lambda: _build(home), LOCK_DEADLINE)
 
 
 def _build(home: Path) -> str:
