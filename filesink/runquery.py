@@ -152,6 +152,7 @@ def report_failure(error: BaseException, batches: Batches | None, config: RunCon
         raise cause
     summary = spark_error_summary(cause if cause is not None else error)
     detail = "\n  ".join(summary)
+    lead = "Nothing of the failed batch was committed. "
     if any(mark in line for line in summary for mark in CONCURRENT_QUERY):
         fix = (
             f"Another streaming query uses the same checkpoint ({config.checkpoint_dir}): two runs of this command "
@@ -164,11 +165,10 @@ def report_failure(error: BaseException, batches: Batches | None, config: RunCon
 
         fix = kafka_fix(summary)
         if replay_progress_bug(summary):  # Spark failed after the batch was committed
-            out(f"error: the streaming query failed:\n  {detail}\n{fix}")
-            return EXIT_FAILED
+            lead = ""
     else:
         fix = _fix_input(summary, config)
-    out(f"error: the streaming query failed:\n  {detail}\nNothing of the failed batch was committed. {fix}")
+    out(f"error: the streaming query failed:\n  {detail}\n{lead}{fix}")
     return EXIT_FAILED
 
 
