@@ -104,8 +104,9 @@ def _drain(
     raise AssertionError("the run still failed after 3 attempts")
 
 
-def _commits(tmp_path: Path) -> int:
-    commits = tmp_path / "state" / "checkpoint" / "commits"
+def _commits(checkpoint: Path) -> int:
+    """Batches Spark's checkpoint ``checkpoint`` has committed."""
+    commits = checkpoint / "commits"
     return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.is_dir() else 0
 
 
@@ -137,7 +138,8 @@ def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) 
     written = _records(0, 400)
     broker.produce("events", written)
     proc = _start(tmp_path, broker, "events", 2)
-    wait_until(lambda: _commits(tmp_path) >= 2, BATCHES_DEADLINE, "two committed batches", proc=proc)
+    checkpoint = tmp_path / "state" / "checkpoint"
+    wait_until(lambda: _commits(checkpoint) >= 2, BATCHES_DEADLINE, "two committed batches", proc=proc)
     kill(proc, group=True)
     more = _records(400, 300)
     broker.produce("events", more)
@@ -229,19 +231,20 @@ def test_kafka_campaign_kills_new_partitions_and_a_lost_state(
         broker.produce("stream", records)
         written.extend(records)
 
-    def commits() -> int:
-        found = checkpoint / "commits"
-        return len([p for p in found.iterdir() if p.name.isdigit()]) if found.is_dir() else 0
-
     produce(300)
     for round_ in range(5):
         if round_ == 2:
             broker.add_partitions("stream", 4)  # new partitions, read from their first offset
         if round_ == 3:
             shutil.rmtree(tmp_path / "state")  # the driver's machine is gone; the home on S3 is not
-        before = commits()
+        before = _commits(checkpoint)
         proc = _start(tmp_path, broker, "stream", 2 + round_ % 2, *s3, env=creds)
-        wait_until(lambda b=before: commits() > b, BATCHES_DEADLINE, f"a committed batch in round {round_}", proc=proc)
+        wait_until(
+            lambda b=before: _commits(checkpoint) > b,
+            BATCHES_DEADLINE,
+            f"a committed batch in round {round_}",
+            proc=proc,
+        )
         produce(rng.randint(100, 250))  # while the job runs
         time.sleep(rng.uniform(0.5, 4.0))
         kill(proc, group=True)
