@@ -40,6 +40,7 @@ from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
 from .sink import START_NOTICE, ExactlyOnceParquetSink
 from .sourcelog import check_replay
+from .warmup import start_python_workers
 
 
 @contextmanager
@@ -189,6 +190,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         summary_said = threading.Event()
         with stop_signals(ask_stop, lambda: stopped_at_once(config.state_dir, summary_said.is_set())):
             try:
+                start_python_workers(spark, sink_module.default_parallelism(spark))
                 query = writer.start()
                 recovered = recovered_commits(sink.recovered)
                 progress = Progress(console, sink.stats, config.state_dir, "filesink run", recovered=recovered)
