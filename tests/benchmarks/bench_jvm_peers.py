@@ -392,15 +392,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
     parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
-    parser.add_argument("--from-json", type=Path, default=None, help="report and plot the runs of a --json file")
+    parser.add_argument(
+        "--first-round",
+        type=int,
+        default=1,
+        help="number the rounds from this one (an even first round starts in the reverse order): a run of the "
+        "rounds after an earlier run's, to be reported together with --from-json",
+    )
+    parser.add_argument(
+        "--from-json", type=Path, nargs="+", default=None, help="report and plot the runs of --json files together"
+    )
     args = parser.parse_args(argv)
     if args.from_json:
-        saved = json.loads(args.from_json.read_text())
-        runs = [Run(**{**r, "load": tuple(r["load"])}) for r in saved["runs"]]
+        saves = [json.loads(path.read_text()) for path in args.from_json]
+        if len({saved["rows"] for saved in saves}) != 1:
+            raise SystemExit("--from-json: the files hold runs of different row counts; report them apart")
+        runs = [Run(**{**r, "load": tuple(r["load"])}) for saved in saves for r in saved["runs"]]
         variants = tuple(v for v in VARIANTS if any(r.variant == v for r in runs))
-        print("\n".join(report(runs, variants, saved["rows"], args.workload)))
+        loads = "; ".join(saved["loads"] for saved in saves)
+        print("\n".join(report(runs, variants, saves[0]["rows"], args.workload)))
+        print(loads)
         if args.plot:
-            plot(runs, variants, saved["rows"], args.plot, saved["loads"])
+            plot(runs, variants, saves[0]["rows"], args.plot, loads)
         return 0
     if args.source != "parquet":
         raise SystemExit("--source kafka: the Kafka broker fixture is not on this branch yet; only parquet runs")
@@ -421,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = data.generate(input_dir, args.rows, data.WORKLOADS[args.workload])
         expected = row_hashes([str(p) for p in paths], list(pq.read_schema(paths[0]).names))
         runs = []
-        for round_ in range(1, args.rounds + 1):
+        for round_ in range(args.first_round, args.first_round + args.rounds):
             order = variants if round_ % 2 else variants[::-1]
             runs += [run_once(args, engines, work, input_dir, expected, v, round_) for v in order]
     finally:
