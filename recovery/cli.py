@@ -11,7 +11,8 @@ with the catalog properties given as ``--catalog KEY=VALUE`` (never recorded: th
 alone says which pending files it holds (:func:`open_table`).
 
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
-state directory, 5 damaged log segments block the sink (``apply`` without ``--drop-damaged``).
+state directory, 5 damaged log segments block the sink (``apply`` without ``--drop-damaged``). ``health``
+(:mod:`recovery.health`) exits 0 when the sink is healthy, else 8 plus a bit per reason (9 to 15).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from logstore.home import CLAIM_FILE, FILES, SINK_RECORD, DurableHome, HomeView,
 from logstore.statedb import STATE_DB_NAME, connect, translated
 from logstore.storage import is_local
 
+from . import health
 from .errors import LiveOwnerError, NotASinkError
 from .resolve import Action, RecoveryPlan, Resolution, apply_recovery, plan_recovery, recorded_sizes, resolution
 
@@ -730,6 +732,80 @@ def run_recover(args: argparse.Namespace) -> int:
         sink.close()
 
 
+# -- health ------------------------------------------------------------------------------------------------
+
+HEALTH = "health"
+HEALTH_HELP = (
+    "check the sink's health, read-only and fast (for a cron job or a probe): exit 0 when healthy, else 8 plus a "
+    "bit per reason (9 visibility lag, 10 pending files without an owner, 12 owner silent), one line per reason"
+)
+
+
+def add_health_step(steps: Any) -> None:
+    """``recover health``: its own options (no table, no verification: it reads only the state and the newest term
+    record)."""
+    step = steps.add_parser(HEALTH, help=HEALTH_HELP, description=HEALTH_HELP)
+    step.set_defaults(step_parser=step)
+    step.add_argument("--state-dir", metavar="DIR", help="the sink's state directory (holds state.sqlite)")
+    step.add_argument(
+        "--log-store",
+        metavar="URL",
+        help="the sink's log store location: with no state directory, the state is rebuilt from its durable home "
+        "in memory (the state directory's lock is then unknown)",
+    )
+    step.add_argument("--json", action="store_true", help="print JSON for scripts instead of lines")
+    step.add_argument(
+        "--max-lag",
+        type=_seconds,
+        default=health.MAX_LAG,
+        metavar="SECONDS",
+        help="unhealthy (bit 1) when the oldest epoch held in the log store was sealed more than SECONDS ago "
+        f"(default {health.MAX_LAG:.0f})",
+    )
+    step.add_argument(
+        "--max-silence",
+        type=_seconds,
+        default=health.MAX_SILENCE,
+        metavar="SECONDS",
+        help="unhealthy (bit 4) when the owning run did not stop and has not renewed its term record for SECONDS; "
+        "a run silent that long no longer counts as an owner of pending files (bit 2) "
+        f"(default {health.MAX_SILENCE:.0f})",
+    )
+    s3options.add_arguments(step)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def run_health(args: argparse.Namespace) -> int:
+    """``recover health``: the state opened read-only (or rebuilt in memory from the durable home), checked by
+    :func:`recovery.health.check`; the exit code says which reasons hold."""
+    state_dir = Path(args.state_dir).absolute() if args.state_dir else None
+    options = _storage_options(args)
+    log_store = args.log_store or (LogStore.recorded_location(state_dir) if state_dir is not None else None)
+    if log_store is not None and not is_local(log_store):
+        check_s3(log_store, options, "log store")
+    sink = open_sink(state_dir, options, readonly=True, log_store=args.log_store)
+    try:
+        found = health.check(
+            sink.store, sink.ledger, sink.state_dir, max_lag=args.max_lag, max_silence=args.max_silence
+        )
+    finally:
+        sink.close()
+    if args.json:
+        print(json.dumps(found.to_json(), indent=2))
+    else:
+        print("\n".join(found.lines()))
+    return found.exit_code
+
+
 # -- move-log-store ----------------------------------------------------------------------------------------
 
 MOVE = "move-log-store"
@@ -970,7 +1046,8 @@ def _print_move(r: dict[str, Any], state_dir: Path | None) -> None:
 
 DESCRIPTION = (
     "Inspect and resolve a sink's state. Exit codes: 0 done or nothing to do, 1 failed, 2 bad usage, 3 a live "
-    "query holds the sink, 4 not a sink's state directory, 5 damaged log segments block the sink."
+    "query holds the sink, 4 not a sink's state directory, 5 damaged log segments block the sink; health: 0 "
+    "healthy, 9 to 15 unhealthy (8 plus 1 visibility lag, 2 pending files without an owner, 4 owner silent)."
 )
 
 
@@ -1026,6 +1103,7 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
                 help="skip reading every held log segment to check it (faster on a large backlog)",
             )
     add_move_step(steps)
+    add_health_step(steps)
 
 
 def add_damage_options(step: argparse.ArgumentParser, name: str) -> None:
@@ -1073,6 +1151,8 @@ def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         step.error("give --state-dir DIR, --log-store URL, or both")
     database = str(Path(args.state_dir).absolute() / STATE_DB_NAME) if args.state_dir else "(rebuilt in memory)"
     with translated(database, f"filesink recover {args.command}"):  # any SQLite error not translated below
+        if args.command == HEALTH:
+            return run_health(args)
         return move_log_store(args) if args.command == MOVE else run_recover(args)
 
 
