@@ -682,8 +682,18 @@ def run_recover(args: argparse.Namespace) -> int:
         table = destination if destination.options.is_table else None
         if args.command == "status":
             result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json, destination=destination)
+            found = None
+            if args.exit_code:
+                found = health.check(
+                    sink.store, sink.ledger, sink.state_dir, max_lag=args.max_lag, max_silence=args.max_silence
+                )
+                result["health"] = found.to_json()
             print(json.dumps(result, indent=2)) if args.json else _print_status(result)
-            return EXIT_OK
+            if found is None:
+                return EXIT_OK
+            if not args.json:
+                print("\nhealth\n" + "\n".join(found.lines()))
+            return found.exit_code
         partitioned = bool(sink.config["partition_by"])
         verify = not args.no_verify
         if args.command == "plan":
@@ -754,6 +764,12 @@ def add_health_step(steps: Any) -> None:
         "in memory (the state directory's lock is then unknown)",
     )
     step.add_argument("--json", action="store_true", help="print JSON for scripts instead of lines")
+    add_health_bounds(step)
+    s3options.add_arguments(step)
+
+
+def add_health_bounds(step: argparse.ArgumentParser) -> None:
+    """``--max-lag`` and ``--max-silence``, of ``health`` and ``status --exit-code``."""
     step.add_argument(
         "--max-lag",
         type=_seconds,
@@ -771,7 +787,6 @@ def add_health_step(steps: Any) -> None:
         "a run silent that long no longer counts as an owner of pending files (bit 2) "
         f"(default {health.MAX_SILENCE:.0f})",
     )
-    s3options.add_arguments(step)
 
 
 def _seconds(text: str) -> float:
@@ -1102,6 +1117,13 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
                 action="store_true",
                 help="skip reading every held log segment to check it (faster on a large backlog)",
             )
+            step.add_argument(
+                "--exit-code",
+                action="store_true",
+                help="also check the sink's health as `recover health` does: show its reasons, and exit with its code "
+                "(0 healthy, 9 to 15 unhealthy)",
+            )
+            add_health_bounds(step)
     add_move_step(steps)
     add_health_step(steps)
 

@@ -115,6 +115,17 @@ def test_pending_files_of_a_run_that_stopped(tmp_path, capsys, monkeypatch):
     assert code == 10 and [r["reason"] for r in report["reasons"]] == ["pending_without_owner"], report
     assert sorted(report["pending_files"]) == pending and report["owner"]["stopped_cleanly"] is True, report
 
+    # status --exit-code: the same check and exit code, beside the whole status.
+    capsys.readouterr()
+    assert main(["status", "--state-dir", str(tmp_path / "state"), "--no-verify", "--exit-code", "--json"]) == 10
+    status = json.loads(capsys.readouterr().out)
+    assert status["health"]["reasons"] == report["reasons"] and len(status["pending_files"]) == len(pending), status
+    assert main(["status", "--state-dir", str(tmp_path / "state"), "--no-verify", "--exit-code"]) == 10
+    shown = capsys.readouterr().out
+    assert shown.endswith("\nhealth\n" + report["reasons"][0]["reason"] + ": " + report["reasons"][0]["message"] + "\n")
+    assert main(["status", "--state-dir", str(tmp_path / "state"), "--no-verify", "--json"]) == 0
+    assert "health" not in json.loads(capsys.readouterr().out), "without --exit-code, status is as it was"
+
     # The same from the durable home alone (the state directory lost): the state rebuilt in memory.
     capsys.readouterr()
     assert main(["health", "--log-store", str(tmp_path / "log"), "--json"]) == 10
