@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -54,6 +55,8 @@ class Series:
     by: tuple[str, ...] = ("sink",)
     legend: str = ""
     scale: float = 1.0
+    right: bool = False
+    """Drawn against a second axis on the right (the dashboard's override of the series' unit)."""
 
 
 def _quantiles(metric: str) -> list[Series]:
@@ -76,7 +79,7 @@ PANELS: list[tuple[str, str, list[Series]]] = [
         "bytes / epochs",
         [
             Series("gauge", "filesink_log_bytes_held", legend="bytes"),
-            Series("gauge", "filesink_epochs_held", legend="epochs"),
+            Series("gauge", "filesink_epochs_held", legend="epochs", right=True),
         ],
     ),
     (
@@ -84,7 +87,7 @@ PANELS: list[tuple[str, str, list[Series]]] = [
         "files/min / bytes/s",
         [
             Series("rate", "filesink_files_committed_total", legend="files/min", scale=60.0),
-            Series("rate", "filesink_bytes_committed_total", legend="bytes/s"),
+            Series("rate", "filesink_bytes_committed_total", legend="bytes/s", right=True),
         ],
     ),
     (
@@ -141,7 +144,7 @@ def _grouped(samples: Iterable[Sample], name: str, by: tuple[str, ...], extra: s
 def _increase(values: list[tuple[float, float]]) -> float:
     """The increase of a counter over consecutive ``(t, value)`` points, a reset (a new run) counted as from 0."""
     total = 0.0
-    for (_, a), (_, b) in zip(values, values[1:], strict=False):
+    for (_, a), (_, b) in itertools.pairwise(values):
         total += b - a if b >= a else b
     return total
 
@@ -231,6 +234,19 @@ def evaluate(scrapes: list[Scrape], series: Series) -> dict[tuple, list]:
 # -- plotting ------------------------------------------------------------------------------------------
 
 
+def _broken(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The points with a gap (NaN) where no value was found for more than two seconds, as Grafana leaves it."""
+    ts: list[float] = []
+    vs: list[float] = []
+    for t, v in points:
+        if ts and t - ts[-1] > 2.0:
+            ts.append(t)
+            vs.append(math.nan)
+        ts.append(t)
+        vs.append(v)
+    return ts, vs
+
+
 def plot(scrapes: list[Scrape], png: Path, title: str) -> None:
     import matplotlib
 
@@ -242,22 +258,26 @@ def plot(scrapes: list[Scrape], png: Path, title: str) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.4 * rows), squeeze=False)
     sinks = {labels.get("sink", "") for _, samples in scrapes for _, labels, _ in samples}
     for ax, (name, unit, panel_series) in zip(axes.flat, PANELS, strict=False):
-        drawn = 0
-        for series in panel_series:
+        lines: list[Any] = []
+        twin = ax.twinx() if any(s.right for s in panel_series) else None
+        for n, series in enumerate(panel_series):
+            target = twin if series.right and twin is not None else ax
             for key, points in sorted(evaluate(scrapes, series).items()):
                 if not points:
                     continue
                 labels = [v for v in key[1:] if v] if len(sinks) <= 1 else [v for v in key if v]
                 legend = " ".join([series.legend, *labels]).strip() or series.metric
-                ax.plot([t for t, _ in points], [v for _, v in points], label=legend, linewidth=1.2)
-                drawn += 1
+                ts, vs = _broken(points)
+                color = None if len(panel_series) == 1 else f"C{n}"
+                lines += target.plot(ts, vs, label=legend, linewidth=1.2, color=color)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel(unit, fontsize=8)
         ax.set_xlabel("seconds since the run started", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.set_ylim(bottom=0)
-        if drawn:
-            ax.legend(fontsize=6, loc="upper left", ncol=2)
+        for a in (ax, twin) if twin is not None else (ax,):
+            a.tick_params(labelsize=7)
+            a.set_ylim(bottom=0)
+        if lines:
+            ax.legend(lines, [line.get_label() for line in lines], fontsize=6, loc="upper left", ncol=2)
         else:
             ax.text(0.5, 0.5, "none in this run", ha="center", va="center", transform=ax.transAxes, fontsize=8)
     for ax in list(axes.flat)[len(PANELS) :]:
@@ -391,7 +411,9 @@ def record(workdir: Path, seconds: float, rows_per_file: int, every: float) -> d
 
 def load(path: Path) -> tuple[list[Scrape], dict[str, Any]]:
     saved = json.loads(path.read_text())
-    scrapes = [(float(s["t"]), [(n, dict(labels), float(v)) for n, labels, v in s["samples"]]) for s in saved["scrapes"]]
+    scrapes = [
+        (float(s["t"]), [(n, dict(labels), float(v)) for n, labels, v in s["samples"]]) for s in saved["scrapes"]
+    ]
     return scrapes, saved
 
 
@@ -404,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-per-file", type=int, default=40_000, help="rows of each landed file")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between landed files")
     parser.add_argument("--workdir", type=Path, help="the run's directories (default: a new temporary one)")
+    parser.add_argument("--title", help="the picture's title (default: says what ran)")
     args = parser.parse_args(argv)
     if args.from_json:
         scrapes, saved = load(args.from_json)
@@ -415,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saved {len(saved['scrapes'])} scrapes to {path}")
         scrapes, saved = load(path)
     landed = saved.get("files_landed")
-    title = "filesink dashboard panels over a real run" + (
+    title = args.title or "filesink dashboard panels over a real run" + (
         f" ({landed} files of {saved['rows_per_file']:,} rows landed; local directories)" if landed else ""
     )
     plot(scrapes, args.png, title)
