@@ -7,10 +7,12 @@ dashboard's panels from them with matplotlib. ``--from-json FILE`` plots a saved
 The expressions are evaluated here as Prometheus would over a window of ``WINDOW`` seconds (``rate``, ``increase``,
 ``histogram_quantile``); :data:`PANELS` names the same titles and metrics as the dashboard (a test checks it).
 
-Needs the ``metrics`` and ``bench`` extras (prometheus_client, matplotlib) and Java for Spark::
+Needs the ``metrics`` and ``bench`` extras (prometheus_client, matplotlib) and Java for Spark; ``--s3`` also the
+``demo`` extra (SeaweedFS), for a run whose output and log store are on S3, so that the storage panels have
+requests to show::
 
-    python tests/benchmarks/render_dashboard.py                      # ~3 minutes: run, scrape, plot
-    python tests/benchmarks/render_dashboard.py --from-json run.json # plot a saved run
+    python tests/benchmarks/render_dashboard.py --s3 --json run.json  # ~4 minutes: run, scrape, plot
+    python tests/benchmarks/render_dashboard.py --from-json run.json  # plot a saved run again
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,7 +274,7 @@ def plot(scrapes: list[Scrape], png: Path, title: str) -> None:
                 lines += target.plot(ts, vs, label=legend, linewidth=1.2, color=color)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel(unit, fontsize=8)
-        ax.set_xlabel("seconds since the run started", fontsize=8)
+        ax.set_xlabel("seconds since the first rows were appended", fontsize=8)
         for a in (ax, twin) if twin is not None else (ax,):
             a.tick_params(labelsize=7)
             a.set_ylim(bottom=0)
@@ -331,59 +333,86 @@ def scrape(url: str) -> list[Sample]:
     ]
 
 
-def record(workdir: Path, seconds: float, rows_per_file: int, every: float) -> dict[str, Any]:
-    """Run ``filesink run`` with ``--metrics-port`` for about ``seconds`` (input landing for the first three
-    quarters, then the last rows rolled by age), scraping every second; its scrapes and command."""
+def _appended(samples: list[Sample]) -> float:
+    return sum(v for name, _, v in samples if name == "filesink_rows_appended_total")
+
+
+@contextlib.contextmanager
+def _locations(workdir: Path, s3: bool) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """The run's output and log store options and environment: local directories, or (``s3``) a SeaweedFS S3
+    server started on 127.0.0.1 for the run (stopped after), so that the storage panels have requests to show."""
+    if not s3:
+        yield ["--output", str(workdir / "out")], {}
+        return
+    from filesink.demo.s3server import SeaweedServer
+
+    server = SeaweedServer(workdir / "s3", bucket="dashboard")
+    settings = server.start()
+    try:
+        env = {
+            "AWS_ACCESS_KEY_ID": settings.access_key,
+            "AWS_SECRET_ACCESS_KEY": settings.secret_key,
+            "AWS_DEFAULT_REGION": settings.region,
+        }
+        where = ["--output", settings.url("events"), "--log-store", settings.url("events-log")]
+        yield [*where, "--s3-endpoint", settings.endpoint], env
+    finally:
+        server.stop()
+
+
+def record(workdir: Path, seconds: float, rows_per_file: int, every: float, s3: bool) -> dict[str, Any]:
+    """Run ``filesink run`` with ``--metrics-port`` for about ``seconds`` from its first appended rows (a file lands
+    every ``every`` seconds for the first three quarters, then the last rows are rolled by age), scraping every
+    second; its scrapes and command."""
     landing, port = workdir / "in", _free_port()
     landing.mkdir(parents=True)
-    command = [
-        sys.executable,
-        "-m",
-        "filesink",
-        "run",
-        "--input",
-        str(landing),
-        "--output",
-        str(workdir / "out"),
-        "--state-dir",
-        str(workdir / "state"),
-        "--key",
-        "user_id",
-        "--trigger",
-        "2s",
-        "--max-file-age",
-        "20s",
-        "--target-file-size",
-        "4MiB",
-        "--parallelism",
-        "2",
-        "--metrics-port",
-        str(port),
-    ]
+    with _locations(workdir, s3) as (where, env):
+        command = [
+            *(sys.executable, "-m", "filesink", "run", "--input", str(landing), *where),
+            *("--state-dir", str(workdir / "state"), "--key", "user_id", "--trigger", "2s"),
+            *("--max-file-age", "20s", "--target-file-size", "4MiB", "--parallelism", "2"),
+            *("--metrics-port", str(port)),
+        ]
+        scrapes = _scrape_run(command, dict(os.environ, **env), workdir, port, seconds, rows_per_file, every)
+    return {
+        "command": ["filesink", *command[3:]],
+        "storage": "s3 (SeaweedFS on 127.0.0.1)" if s3 else "local directories",
+        "files_landed": len(list(landing.glob("part-*.parquet"))),
+        "rows_per_file": rows_per_file,
+        "window_seconds": WINDOW,
+        "scrapes": [{"t": t, "samples": [list(x) for x in samples]} for t, samples in scrapes],
+    }
+
+
+def _scrape_run(
+    command: list[str], env: dict[str, str], workdir: Path, port: int, seconds: float, rows: int, every: float
+) -> list[Scrape]:
     url = f"http://127.0.0.1:{port}/metrics"
     log = (workdir / "run.log").open("w")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
     rng, scrapes, landed = random.Random(7), [], 0
     try:
+        _land(workdir / "in", landed, rows, rng)
+        landed += 1
         started = time.monotonic()
-        while not scrapes:  # Spark starts; the metrics are served once the sink is open
+        while True:  # Spark starts, and appends the first file: the clock starts there
             if proc.poll() is not None:
-                raise SystemExit(f"filesink run exited with {proc.returncode} before serving {url}: see {log.name}")
+                raise SystemExit(f"filesink run exited with {proc.returncode} before its first batch: see {log.name}")
             if time.monotonic() - started > STARTUP_DEADLINE:
-                raise SystemExit(f"filesink run did not serve {url} within {STARTUP_DEADLINE:.0f} s: see {log.name}")
-            if landed == 0:
-                _land(landing, landed, rows_per_file, rng)
-                landed += 1
+                raise SystemExit(f"no rows appended at {url} within {STARTUP_DEADLINE:.0f} s: see {log.name}")
             with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
-                scrapes.append((0.0, scrape(url)))
+                first = scrape(url)
+                if _appended(first) > 0:
+                    break
             time.sleep(1)
         t0 = time.monotonic()
+        scrapes.append((0.0, first))
         next_file = t0
         while (now := time.monotonic()) - t0 < seconds:
             if proc.poll() is not None:
                 raise SystemExit(f"filesink run exited with {proc.returncode} during the run: see {log.name}")
             if now - t0 < 0.75 * seconds and now >= next_file:
-                _land(landing, landed, rows_per_file, rng)
+                _land(workdir / "in", landed, rows, rng)
                 landed += 1
                 next_file += every
             try:
@@ -400,13 +429,7 @@ def record(workdir: Path, seconds: float, rows_per_file: int, every: float) -> d
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
         log.close()
-    return {
-        "command": ["filesink", *command[3:]],
-        "files_landed": landed,
-        "rows_per_file": rows_per_file,
-        "window_seconds": WINDOW,
-        "scrapes": [{"t": t, "samples": [list(s) for s in samples]} for t, samples in scrapes],
-    }
+    return scrapes
 
 
 def load(path: Path) -> tuple[list[Scrape], dict[str, Any]]:
@@ -426,20 +449,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-per-file", type=int, default=40_000, help="rows of each landed file")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between landed files")
     parser.add_argument("--workdir", type=Path, help="the run's directories (default: a new temporary one)")
+    parser.add_argument(
+        "--s3", action="store_true", help="output and log store on a SeaweedFS S3 server started on 127.0.0.1"
+    )
     parser.add_argument("--title", help="the picture's title (default: says what ran)")
     args = parser.parse_args(argv)
     if args.from_json:
         scrapes, saved = load(args.from_json)
     else:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="filesink-dashboard-"))
-        saved = record(workdir, args.seconds, args.rows_per_file, args.every)
+        saved = record(workdir, args.seconds, args.rows_per_file, args.every, args.s3)
         path = args.json or workdir / "dashboard-run.json"
         path.write_text(json.dumps(saved))
         print(f"saved {len(saved['scrapes'])} scrapes to {path}")
         scrapes, saved = load(path)
     landed = saved.get("files_landed")
     title = args.title or "filesink dashboard panels over a real run" + (
-        f" ({landed} files of {saved['rows_per_file']:,} rows landed; local directories)" if landed else ""
+        f" ({landed} files of {saved['rows_per_file']:,} rows landed; {saved.get('storage', 'local directories')})"
+        if landed
+        else ""
     )
     plot(scrapes, args.png, title)
     print(f"wrote {args.png}")
