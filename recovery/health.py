@@ -244,6 +244,7 @@ def lock_holder_unlocked(state_dir: Path) -> str | None:
     except OSError:
         return text if _pid_alive(text) else None
     wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    pid = _pid_of(text)
     for line in table.splitlines():
         fields = line.split()
         if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
@@ -253,19 +254,33 @@ def lock_holder_unlocked(state_dir: Path) -> str | None:
             found = (int(major, 16), int(minor, 16), int(inode))
         except ValueError:
             continue
-        if found == wanted:
+        # The device the table names can differ from the one stat() gives (btrfs subvolumes, overlay file
+        # systems): the same inode locked by the pid the lock file names is the same lock.
+        if found == wanted or (found[2] == st.st_ino and pid is not None and fields[4] == str(pid)):
             return text
     return None
 
 
-def _pid_alive(text: str) -> bool:
-    """Whether the lock file's ``pid N on HOST since ...`` names a live process of this machine."""
+def _pid_of(text: str) -> int | None:
+    """The pid of the lock file's ``pid N on HOST since ...``, when HOST is this machine."""
     parts = text.split()
     if len(parts) < 4 or parts[0] != "pid" or parts[2] != "on" or parts[3] != socket.gethostname():
+        return None
+    try:
+        return int(parts[1])
+    except ValueError:
+        return None
+
+
+def _pid_alive(text: str) -> bool:
+    """Whether the lock file's ``pid N on HOST since ...`` names a live process of this machine (a process that
+    released the lock and still runs counts too: the fallback where there is no lock table)."""
+    pid = _pid_of(text)
+    if pid is None:
         return False
     try:
-        os.kill(int(parts[1]), 0)
-    except (ValueError, ProcessLookupError):
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
     except PermissionError:
         return True
