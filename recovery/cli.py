@@ -684,9 +684,7 @@ def run_recover(args: argparse.Namespace) -> int:
             result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json, destination=destination)
             found = None
             if args.exit_code:
-                found = health.check(
-                    sink.store, sink.ledger, sink.state_dir, max_lag=args.max_lag, max_silence=args.max_silence
-                )
+                found = _health_of(sink, args)
                 result["health"] = found.to_json()
             print(json.dumps(result, indent=2)) if args.json else _print_status(result)
             if found is None:
@@ -773,7 +771,6 @@ def add_health_bounds(step: argparse.ArgumentParser) -> None:
     step.add_argument(
         "--max-lag",
         type=_seconds,
-        default=health.MAX_LAG,
         metavar="SECONDS",
         help="unhealthy (bit 1) when the oldest epoch held in the log store was sealed more than SECONDS ago "
         f"(default {health.MAX_LAG:.0f})",
@@ -781,7 +778,6 @@ def add_health_bounds(step: argparse.ArgumentParser) -> None:
     step.add_argument(
         "--max-silence",
         type=_seconds,
-        default=health.MAX_SILENCE,
         metavar="SECONDS",
         help="unhealthy (bit 4) when the owning run did not stop and has not renewed its term record for SECONDS; "
         "a run silent that long no longer counts as an owner of pending files (bit 2) "
@@ -799,6 +795,12 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _health_of(sink: OpenSink, args: argparse.Namespace) -> health.Health:
+    max_lag = health.MAX_LAG if args.max_lag is None else args.max_lag
+    max_silence = health.MAX_SILENCE if args.max_silence is None else args.max_silence
+    return health.check(sink.store, sink.ledger, sink.state_dir, max_lag=max_lag, max_silence=max_silence)
+
+
 def run_health(args: argparse.Namespace) -> int:
     """``recover health``: the state opened read-only (or rebuilt in memory from the durable home), checked by
     :func:`recovery.health.check`; the exit code says which reasons hold."""
@@ -809,9 +811,7 @@ def run_health(args: argparse.Namespace) -> int:
         check_s3(log_store, options, "log store")
     sink = open_sink(state_dir, options, readonly=True, log_store=args.log_store)
     try:
-        found = health.check(
-            sink.store, sink.ledger, sink.state_dir, max_lag=args.max_lag, max_silence=args.max_silence
-        )
+        found = _health_of(sink, args)
     finally:
         sink.close()
     if args.json:
@@ -1171,6 +1171,8 @@ def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         step.error("--parallelism must be at least 1")
     if not args.state_dir and not args.log_store:
         step.error("give --state-dir DIR, --log-store URL, or both")
+    if args.command == "status" and not args.exit_code and (args.max_lag is not None or args.max_silence is not None):
+        step.error("--max-lag and --max-silence are the bounds of the health check: give them with --exit-code")
     database = str(Path(args.state_dir).absolute() / STATE_DB_NAME) if args.state_dir else "(rebuilt in memory)"
     with translated(database, f"filesink recover {args.command}"):  # any SQLite error not translated below
         if args.command == HEALTH:

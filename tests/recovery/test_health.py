@@ -188,5 +188,8 @@ def test_usage_and_not_a_sink(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["health"])
     assert e.value.code == EXIT_USAGE and "give --state-dir DIR, --log-store URL, or both" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["status", "--state-dir", str(tmp_path), "--max-lag", "60"])
+    assert e.value.code == EXIT_USAGE and "give them with --exit-code" in capsys.readouterr().err
     assert main(["health", "--state-dir", str(tmp_path)]) == EXIT_NOT_A_SINK
     assert f"{tmp_path} is not a sink's state directory" in capsys.readouterr().err
