@@ -11,7 +11,8 @@ with the catalog properties given as ``--catalog KEY=VALUE`` (never recorded: th
 alone says which pending files it holds (:func:`open_table`).
 
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
-state directory, 5 damaged log segments block the sink (``apply`` without ``--drop-damaged``).
+state directory, 5 damaged log segments block the sink (``apply`` without ``--drop-damaged``). ``health``
+(:mod:`recovery.health`) exits 0 when the sink is healthy, else 8 plus a bit per reason (9 to 15).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from logstore.home import CLAIM_FILE, FILES, SINK_RECORD, DurableHome, HomeView,
 from logstore.statedb import STATE_DB_NAME, connect, translated
 from logstore.storage import is_local
 
+from . import health
 from .errors import LiveOwnerError, NotASinkError
 from .resolve import Action, RecoveryPlan, Resolution, apply_recovery, plan_recovery, recorded_sizes, resolution
 
@@ -680,8 +682,16 @@ def run_recover(args: argparse.Namespace) -> int:
         table = destination if destination.options.is_table else None
         if args.command == "status":
             result = status(sink, args.parallelism, verify=not args.no_verify, quiet=args.json, destination=destination)
+            found = None
+            if args.exit_code:
+                found = _health_of(sink, args)
+                result["health"] = found.to_json()
             print(json.dumps(result, indent=2)) if args.json else _print_status(result)
-            return EXIT_OK
+            if found is None:
+                return EXIT_OK
+            if not args.json:
+                print("\nhealth\n" + "\n".join(found.lines()))
+            return found.exit_code
         partitioned = bool(sink.config["partition_by"])
         verify = not args.no_verify
         if args.command == "plan":
@@ -728,6 +738,87 @@ def run_recover(args: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         sink.close()
+
+
+# -- health ------------------------------------------------------------------------------------------------
+
+HEALTH = "health"
+HEALTH_HELP = (
+    "check the sink's health, read-only and fast (for a cron job or a probe): exit 0 when healthy, else 8 plus a "
+    "bit per reason (9 visibility lag, 10 pending files without an owner, 12 owner silent), one line per reason"
+)
+
+
+def add_health_step(steps: Any) -> None:
+    """``recover health``: its own options (no table, no verification: it reads only the state and the newest term
+    record)."""
+    step = steps.add_parser(HEALTH, help=HEALTH_HELP, description=HEALTH_HELP)
+    step.set_defaults(step_parser=step)
+    step.add_argument("--state-dir", metavar="DIR", help="the sink's state directory (holds state.sqlite)")
+    step.add_argument(
+        "--log-store",
+        metavar="URL",
+        help="the sink's log store location: with no state directory, the state is rebuilt from its durable home "
+        "in memory (the state directory's lock is then unknown)",
+    )
+    step.add_argument("--json", action="store_true", help="print JSON for scripts instead of lines")
+    add_health_bounds(step)
+    s3options.add_arguments(step)
+
+
+def add_health_bounds(step: argparse.ArgumentParser) -> None:
+    """``--max-lag`` and ``--max-silence``, of ``health`` and ``status --exit-code``."""
+    step.add_argument(
+        "--max-lag",
+        type=_seconds,
+        metavar="SECONDS",
+        help="unhealthy (bit 1) when the oldest epoch held in the log store was sealed more than SECONDS ago "
+        f"(default {health.MAX_LAG:.0f})",
+    )
+    step.add_argument(
+        "--max-silence",
+        type=_seconds,
+        metavar="SECONDS",
+        help="unhealthy (bit 4) when the owning run did not stop and has not renewed its term record for SECONDS; "
+        "a run silent that long no longer counts as an owner of pending files (bit 2) "
+        f"(default {health.MAX_SILENCE:.0f})",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _health_of(sink: OpenSink, args: argparse.Namespace) -> health.Health:
+    max_lag = health.MAX_LAG if args.max_lag is None else args.max_lag
+    max_silence = health.MAX_SILENCE if args.max_silence is None else args.max_silence
+    return health.check(sink.store, sink.ledger, sink.state_dir, max_lag=max_lag, max_silence=max_silence)
+
+
+def run_health(args: argparse.Namespace) -> int:
+    """``recover health``: the state opened read-only (or rebuilt in memory from the durable home), checked by
+    :func:`recovery.health.check`; the exit code says which reasons hold."""
+    state_dir = Path(args.state_dir).absolute() if args.state_dir else None
+    options = _storage_options(args)
+    log_store = args.log_store or (LogStore.recorded_location(state_dir) if state_dir is not None else None)
+    if log_store is not None and not is_local(log_store):
+        check_s3(log_store, options, "log store")
+    sink = open_sink(state_dir, options, readonly=True, log_store=args.log_store)
+    try:
+        found = _health_of(sink, args)
+    finally:
+        sink.close()
+    if args.json:
+        print(json.dumps(found.to_json(), indent=2))
+    else:
+        print("\n".join(found.lines()))
+    return found.exit_code
 
 
 # -- move-log-store ----------------------------------------------------------------------------------------
@@ -970,7 +1061,8 @@ def _print_move(r: dict[str, Any], state_dir: Path | None) -> None:
 
 DESCRIPTION = (
     "Inspect and resolve a sink's state. Exit codes: 0 done or nothing to do, 1 failed, 2 bad usage, 3 a live "
-    "query holds the sink, 4 not a sink's state directory, 5 damaged log segments block the sink."
+    "query holds the sink, 4 not a sink's state directory, 5 damaged log segments block the sink; health: 0 "
+    "healthy, 9 to 15 unhealthy (8 plus 1 visibility lag, 2 pending files without an owner, 4 owner silent)."
 )
 
 
@@ -1025,7 +1117,15 @@ def add_steps(recover: argparse.ArgumentParser) -> None:
                 action="store_true",
                 help="skip reading every held log segment to check it (faster on a large backlog)",
             )
+            step.add_argument(
+                "--exit-code",
+                action="store_true",
+                help="also check the sink's health as `recover health` does: show its reasons, and exit with its code "
+                "(0 healthy, 9 to 15 unhealthy)",
+            )
+            add_health_bounds(step)
     add_move_step(steps)
+    add_health_step(steps)
 
 
 def add_damage_options(step: argparse.ArgumentParser, name: str) -> None:
@@ -1071,8 +1171,12 @@ def recover(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         step.error("--parallelism must be at least 1")
     if not args.state_dir and not args.log_store:
         step.error("give --state-dir DIR, --log-store URL, or both")
+    if args.command == "status" and not args.exit_code and (args.max_lag is not None or args.max_silence is not None):
+        step.error("--max-lag and --max-silence are the bounds of the health check: give them with --exit-code")
     database = str(Path(args.state_dir).absolute() / STATE_DB_NAME) if args.state_dir else "(rebuilt in memory)"
     with translated(database, f"filesink recover {args.command}"):  # any SQLite error not translated below
+        if args.command == HEALTH:
+            return run_health(args)
         return move_log_store(args) if args.command == MOVE else run_recover(args)
 
 
