@@ -26,9 +26,9 @@ import bisect
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from logstore import requestcounts
 from logstore.errors import FencedError
@@ -186,6 +186,10 @@ class MetricsBook:
         self._append, self._roll, self._table_commit = _Histogram(), _Histogram(), _Histogram()
         self._refusals: dict[str, int] = {}
         self._fenced = 0
+        self._roll_files: list[tuple[int, int]] = []  # (rows, bytes) of the files the roll under way committed
+        self.listener: Callable[[dict[str, Any]], None] | None = None
+        """Called with an event's record (:func:`event_record`) after each batch and each roll that committed
+        files, in the thread that ran it (``filesink run --log-format json``)."""
 
     def started(self, sink: str, term: int, last_epoch: int) -> None:
         with self._lock:
@@ -225,10 +229,21 @@ class MetricsBook:
                 self._files_committed += 1
                 self._rows_committed += rows
                 self._bytes_committed += size
+                self._roll_files.append((rows, size))
 
     def rolled(self, seconds: float) -> None:
         with self._lock:
             self._roll.observe(seconds)
+            files, self._roll_files = self._roll_files, []
+        if files and self.listener is not None:
+            detail = {"files": len(files), "rows": sum(r for r, _ in files), "bytes": sum(b for _, b in files)}
+            self.listener(event_record("roll", self.snapshot(), seconds, detail))
+
+    def batch_done(self, batch_id: int, replay: bool, seconds: float) -> None:
+        """A batch went through the sink (appended and sealed, or a replay), its roll included."""
+        if self.listener is not None:
+            record = event_record("batch", self.snapshot(), seconds, {"batch_id": batch_id, "replay": replay})
+            self.listener(record)
 
     def table_committed(self, seconds: float) -> None:
         with self._lock:
@@ -327,6 +342,34 @@ def committed(
     book.committed((f.rows, sizes.get(f.name, 0)) for f in files)
     book.pending(0)
     held_now(book, backlog)
+
+
+def event_record(kind: str, m: SinkMetrics, seconds: float, detail: Mapping[str, Any]) -> dict[str, Any]:
+    """One event as a JSON-ready record: ``event`` (``batch`` or ``roll``), the sink, the last sealed epoch, the
+    event's ``duration_seconds`` and ``detail``, then the figures of ``m`` under the Prometheus metrics' names
+    (without ``filesink_``; the request counts keyed ``store/kind``)."""
+    return {
+        "event": kind,
+        "sink": m.sink,
+        "epoch": m.last_epoch,
+        "duration_seconds": round(seconds, 6),
+        **detail,
+        "rows_appended_total": m.rows_appended,
+        "rows_committed_total": m.rows_committed,
+        "files_committed_total": m.files_committed,
+        "bytes_committed_total": m.bytes_committed,
+        "rows_held": m.rows_held,
+        "log_bytes_held": m.log_bytes_held,
+        "epochs_held": m.epochs_held,
+        "oldest_held_epoch_age_seconds": round(m.oldest_held_epoch_age_seconds, 3),
+        "pending_files": m.pending_files,
+        "writer_term": m.writer_term,
+        "storage_requests_total": {f"{store}/{kind}": n for (store, kind), n in sorted(m.storage_requests.items())},
+        "storage_errors_total": {f"{store}/{kind}": n for (store, kind), n in sorted(m.storage_errors.items())},
+        "retries_total": m.retries,
+        "refusals_total": dict(sorted(m.refusals.items())),
+        "fenced_total": m.fenced,
+    }
 
 
 def _figure(counts: Mapping[Key, int], figure: str) -> dict[tuple[str, str], int]:

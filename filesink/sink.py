@@ -30,7 +30,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -409,6 +409,7 @@ class ExactlyOnceParquetSink:
             opened(df, batch_id)
             return
         with self._lock, self._metrics.watching():
+            batch_started = time.monotonic()
             self._check_usable()
             self.use_spark(df.sparkSession)
             self._probe_executors(
@@ -433,6 +434,7 @@ class ExactlyOnceParquetSink:
                 self.stats.replayed += 1
                 self._metrics.replayed()
             self._roll(force=False)
+            self._metrics.batch_done(batch_id, batch_id <= last, time.monotonic() - batch_started)
             self._start_timer()
 
     def use_spark(self, spark: Any) -> None:
@@ -730,6 +732,11 @@ class ExactlyOnceParquetSink:
         """A snapshot of the sink's figures in this run (:class:`filesink.metrics.SinkMetrics`): read from memory,
         cheap enough for every batch (no listing, no query, no request)."""
         return self._opened()._metrics.snapshot()
+
+    def listen(self, listener: Callable[[dict[str, Any]], None] | None) -> None:
+        """Call ``listener`` with a record of each batch and of each roll that committed files
+        (:func:`filesink.metrics.event_record`), in the thread that ran it; None stops it."""
+        self._opened()._metrics.listener = listener
 
     @property
     def metrics_url(self) -> str | None:

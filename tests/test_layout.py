@@ -24,6 +24,7 @@ TOP = {
     "filesink.connect_run",
     "filesink.cli",
     "filesink.progress",
+    "filesink.jsonlog",
     "filesink.preflight",
     "filesink.inputschema",
     "filesink.kafka_source",
