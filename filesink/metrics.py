@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
     from .backlog import BacklogTracker
     from .ledger import PlannedFile
-    from .metrics_http import MetricsServer
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Upper bounds in seconds of the duration histograms' buckets (Prometheus adds ``+Inf``)."""
@@ -306,16 +305,6 @@ class MetricsBook:
 
 
 # -- the sink's hooks (small functions, so that the sink's steps stay short) ------------------------------
-
-
-def serve_at(book: MetricsBook, at: tuple[str, int] | None, where: str) -> MetricsServer | None:
-    """Serve ``book``'s figures at ``at`` (address, port) for Prometheus; None (nothing of prometheus_client
-    imported) when not asked."""
-    if at is None:
-        return None
-    from .metrics_http import serve
-
-    return serve(book.snapshot, at[0], at[1], where)
 
 
 def held_now(book: MetricsBook, backlog: BacklogTracker) -> None:

@@ -81,6 +81,7 @@ from .errors import (
 from .ledger import Ledger, PlannedFile
 from .lock import LOCK_FILE, StateLock
 from .metrics import MetricsBook, SinkMetrics
+from .metrics_http import serve
 from .output import (
     CLAIM_NAME,
     OutputLocation,
@@ -268,7 +269,9 @@ class ExactlyOnceParquetSink:
         d = self._description
         self._describe()
         self._metrics = MetricsBook()  # before recovery: its requests and commits are this run's
-        self._metrics_server = metrics_hooks.serve_at(self._metrics, serve_at, f"the sink of {d.path}")
+        self._metrics_server = (
+            None if serve_at is None else serve(self._metrics.snapshot, *serve_at, f"the sink of {d.path}")
+        )
         try:
             self._open_state()
         except BaseException:
