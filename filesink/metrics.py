@@ -308,8 +308,15 @@ class MetricsBook:
 
 
 def held_now(book: MetricsBook, backlog: BacklogTracker) -> None:
-    """What the log store holds, after a step that changed it (from the backlog kept in memory)."""
+    """What the log store holds, after a step that changed it: the backlog kept in memory, brought up to date
+    (at start, and after a commit moved truncate points)."""
     backlog.refresh()
+    book.held(backlog.summary())
+
+
+def planned(book: MetricsBook, backlog: BacklogTracker) -> None:
+    """What the log store holds as a roll's plan found it (the plan brought the backlog up to date: the epochs
+    sealed since, a seal's included)."""
     book.held(backlog.summary())
 
 

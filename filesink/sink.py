@@ -432,7 +432,6 @@ class ExactlyOnceParquetSink:
                 self.stats.rows_in += sum(d.rows for d in descriptors)
                 self.stats.last_epoch = batch_id
                 self._metrics.appended(batch_id, sum(d.rows for d in descriptors), time.monotonic() - started)
-                metrics_hooks.held_now(self._metrics, self._backlog)
             else:
                 self.stats.replayed += 1
                 self._metrics.replayed()
@@ -1124,6 +1123,7 @@ class ExactlyOnceParquetSink:
                 raise
             self._store.check_term("plan files")  # segments a newer owner released are not damage
             raise damage from e
+        metrics_hooks.planned(self._metrics, self._backlog)
         written: dict[str, list[WrittenObject]] = {}
         if files:
             check_planned(self._store, files)  # a missing segment stops the roll before its pre-commit
