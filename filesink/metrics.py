@@ -185,6 +185,7 @@ class MetricsBook:
         self._append, self._roll, self._table_commit = _Histogram(), _Histogram(), _Histogram()
         self._refusals: dict[str, int] = {}
         self._fenced = 0
+        self._last_fenced: BaseException | None = None
         self._roll_files: list[tuple[int, int]] = []  # (rows, bytes) of the files the roll under way committed
         self.listener: Callable[[dict[str, Any]], None] | None = None
         """Called with an event's record (:func:`event_record`) after each batch and each roll that committed
@@ -253,9 +254,8 @@ class MetricsBook:
         """Count a refusal (:data:`REFUSALS`) or a fencing raised by the steps inside."""
         try:
             yield
-        except FencedError:
-            with self._lock:
-                self._fenced += 1
+        except FencedError as e:
+            self.fenced_at(e)
             raise
         except Exception as e:
             reason = next((name for kind, name in REFUSALS if isinstance(e, kind)), None)
@@ -265,10 +265,13 @@ class MetricsBook:
             raise
 
     def fenced_at(self, error: BaseException) -> None:
-        """Count a fencing found outside :meth:`watching` (the idle timer's roll)."""
+        """Count a fencing (the idle timer's roll calls this too): once per error, which the timer's next batch or
+        flush raises again."""
         if isinstance(error, FencedError):
             with self._lock:
-                self._fenced += 1
+                if error is not self._last_fenced:
+                    self._fenced += 1
+                    self._last_fenced = error
 
     def snapshot(self, now: float | None = None) -> SinkMetrics:
         driver = requestcounts.since(self._baseline)

@@ -232,7 +232,8 @@ class ExactlyOnceParquetSink:
             if metrics_port is not None:
                 raise SinkOptionError(
                     f"metrics_port for the sink of {path}: under Spark Connect the sink opens on the server, and its "
-                    "figures are there, not in this client. Leave metrics_port unset here."
+                    "figures are there, not in this client. Leave metrics_port unset here (filesink run: without "
+                    "--metrics-port when run with --remote)."
                 )
             self._describe()  # opens on the Spark Connect server, at its first batch there
         else:

@@ -16,8 +16,9 @@ from helpers import run, support_env
 from prometheus_client.parser import text_string_to_metric_families
 from sink_helpers import _fs, batch_df, batch_rows, parquet_files, read_pyarrow
 
-from filesink import ExactlyOnceParquetSink, MetricsPortError, Rollover
+from filesink import ExactlyOnceParquetSink, MetricsPortError, Rollover, SchemaMismatchError, StateBehindError
 from filesink.metrics import MetricsBook, event_record
+from logstore.errors import FencedError
 
 COUNTERS = (
     "filesink_rows_appended_total",
@@ -97,6 +98,12 @@ def test_metrics_over_http_match_the_output(spark, tmp_path, s3_prefix, s3_optio
             assert (value(now, "filesink_oldest_held_epoch_age_seconds") > 0) == (held.rows > 0)
             before = now
         assert value(before, "filesink_files_committed_total") > 0, "max_epochs=2: files rolled during the run"
+        changed = spark.createDataFrame([(1, "x", 2.0)], "id long, user_id string, extra double")
+        with pytest.raises(SchemaMismatchError):
+            sink(changed, 5)
+        refused = scrape(url)
+        assert value(refused, "filesink_refusals_total", reason="schema_mismatch") == 1
+        assert value(refused, "filesink_rows_appended_total") == sum(expected.values())
         sink.flush()
         after = scrape(url)
         snapshot = sink.metrics()
@@ -204,3 +211,19 @@ def test_counters_of_a_book_never_go_back_and_buckets_are_cumulative():
     t = book.snapshot().roll
     assert t.count == 4 and t.total_seconds == pytest.approx(700.605)
     assert list(t.buckets) == sorted(t.buckets) and t.buckets[0] == 1 and t.buckets[-1] == 3
+
+
+def test_refusals_by_reason_and_a_fencing_counted_once():
+    book = MetricsBook()
+    for error in (StateBehindError("behind"), SchemaMismatchError("gone"), SchemaMismatchError("again")):
+        with pytest.raises(type(error)), book.watching():
+            raise error
+    fenced = FencedError("a newer run owns the sink")
+    book.fenced_at(fenced)  # the idle timer's roll
+    with pytest.raises(FencedError), book.watching():  # the next batch raises the timer's error again
+        raise fenced
+    with pytest.raises(RuntimeError), book.watching():
+        raise RuntimeError("not a refusal")
+    m = book.snapshot()
+    assert m.refusals == {"state_behind": 1, "schema_mismatch": 2}
+    assert m.fenced == 1
