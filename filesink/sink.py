@@ -281,6 +281,7 @@ class ExactlyOnceParquetSink:
             raise
 
     def _open_state(self) -> None:
+        """What :meth:`_open` does once the metrics are served: lock, log store, output, recovery."""
         d = self._description
         self._is_open = True
         path = d.path
