@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import communicate, kill, wait_for_line, wait_until
+from helpers import communicate, kill, run, wait_for_line, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from run_helpers import FAST_START
 from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
@@ -163,3 +164,27 @@ def test_counters_over_a_kill_and_a_restart_add_up_to_the_output(tmp_path):
     assert run1["rows_committed_total"] + last["rows_committed_total"] == rows
     assert run1["files_committed_total"] + last["files_committed_total"] == len(files)
     assert run1["bytes_committed_total"] + last["bytes_committed_total"] == sum(f.stat().st_size for f in files)
+
+
+def test_a_metrics_port_in_use_stops_the_run_before_the_state_is_made(tmp_path):
+    (tmp_path / "in").mkdir()
+    data = batch_rows(0, 10)
+    table = pa.table({c: pa.array(v, t) for c, v, t in zip(COLUMNS, zip(*data, strict=True), TYPES, strict=True)})
+    pq.write_table(table, tmp_path / "in" / "in-000.parquet")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        args = _args(tmp_path, "--available-now")
+        args[args.index("--metrics-port") + 1] = str(port)
+        done = run(args, 120, capture_output=True, text=True)
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stdout == ""
+    assert f"error: cannot serve the metrics of the sink of {tmp_path / 'out'} at http://127.0.0.1:{port}/metrics" in (
+        done.stderr
+    )
+    assert "choose another port" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "state").exists(), "nothing may be written"
