@@ -20,6 +20,7 @@ from .errors import (
     FileWriteError,
     InputError,
     LogStoreMovedError,
+    MetricsPortError,
     OutputClaimedError,
     OutputHasRowsError,
     SchemaMismatchError,
@@ -36,15 +37,16 @@ from .rollover import Rollover
 # The sink (and with it the state database's dependencies) is imported on first use: Spark tasks import this
 # package to write files, and never need it.
 if TYPE_CHECKING:
+    from .metrics import SinkMetrics
     from .sink import ExactlyOnceParquetSink, SinkStats
 
 
 def __getattr__(name: str) -> Any:
-    if name not in ("ExactlyOnceParquetSink", "SinkStats"):
+    if name not in ("ExactlyOnceParquetSink", "SinkStats", "SinkMetrics"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import sink
+    from . import metrics, sink
 
-    value = getattr(sink, name)
+    value = getattr(metrics if name == "SinkMetrics" else sink, name)
     globals()[name] = value
     return value
 
@@ -59,12 +61,14 @@ __all__ = [
     "FileWriteError",
     "InputError",
     "LogStoreMovedError",
+    "MetricsPortError",
     "OutputClaimedError",
     "OutputHasRowsError",
     "Rollover",
     "SchemaMismatchError",
     "SinkFailedError",
     "SinkLockedError",
+    "SinkMetrics",
     "SinkOptionError",
     "SinkStats",
     "SparkMasterError",

@@ -126,3 +126,22 @@ class BacklogTracker:
             if min(self._sealed_at) <= floor:
                 self._sealed_at = {e: at for e, at in self._sealed_at.items() if e > floor}
         self._points = points
+
+    def summary(self) -> tuple[int, int, int, float | None]:
+        """Rows, log bytes and epochs held, and when the oldest held epoch was sealed (None when nothing is held),
+        as of the last :meth:`refresh`: summed over the per-writer totals the planner keeps (writers times epochs
+        held), or over every (vnode, epoch) before the first plan."""
+        rows = size = 0
+        epochs: set[int] = set()
+        if self._writers is not None:
+            for per_epoch in self._totals:
+                for epoch, (count, length, _) in per_epoch.items():
+                    rows, size = rows + count, size + length
+                    epochs.add(epoch)
+        else:
+            for per_vnode in self._epochs.values():
+                for epoch, (count, length) in per_vnode.items():
+                    rows, size = rows + count, size + length
+                    epochs.add(epoch)
+        oldest = self._sealed_at.get(min(epochs)) if epochs else None
+        return rows, size, len(epochs), oldest

@@ -72,6 +72,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535 (0: a free one), not {text!r}")
+    return int(text)
+
+
 def _conf(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -237,6 +243,26 @@ def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="KEY=VALUE",
         help="a Spark configuration setting, e.g. spark.driver.memory=4g (repeatable)",
     )
+    run.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="N",
+        help="serve the sink's metrics for Prometheus at http://ADDRESS:N/metrics (0: a free port, printed at "
+        "start; needs the metrics extra)",
+    )
+    run.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="the address --metrics-port listens on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text (default): lines for people; json: one JSON object per line on stdout per batch, per roll that "
+        "committed files and per notice (progress and errors stay on stderr)",
+    )
     s3options.add_arguments(run)
     kafka_source.add_arguments(run)
 
@@ -362,6 +388,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .run import run
 
     config = run_config(args)
+    if config.log_format == "json":
+        from . import jsonlog
+
+        return run(config, Console(stderr=True), out=jsonlog.notice)
     return run(config, Console(stderr=True), out=lambda text: print(text, flush=True))
 
 
@@ -402,6 +432,9 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         table=args.table,
         catalog=dict(args.catalog),
         kafka=kafka_source.options_of(args),
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
+        log_format=args.log_format,
     )
 
 

@@ -149,6 +149,12 @@ class OutputHasRowsError(FileSinkError):
     holds would be written twice. Refused unless ``accept_duplicates=True``."""
 
 
+class MetricsPortError(SinkOptionError):
+    """The sink's metrics cannot be served at the address and port given (``metrics_port``, ``filesink run
+    --metrics-port``): the port is in use, or the address is not this machine's. Refused at the start, before the
+    sink opens its state."""
+
+
 __all__ = [
     "COMMAND_ERRORS",
     "EXIT_DAMAGED",
@@ -166,6 +172,7 @@ __all__ = [
     "FileWriteError",
     "InputError",
     "LogStoreMovedError",
+    "MetricsPortError",
     "MissingInputError",
     "NotSharedError",
     "OutputClaimedError",

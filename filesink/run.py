@@ -169,6 +169,7 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         raise
     try:
         _report_recovery(sink, out)
+        _start_reporting(sink, config, out)
         if found is not None and replay is not None:
             for notice in replay.notices:
                 out(notice)
@@ -217,6 +218,16 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
         sink.close()
         if spark is not None:
             spark.stop()
+
+
+def _start_reporting(sink: ExactlyOnceParquetSink, config: RunConfig, out: Callable[[str], None]) -> None:
+    """Say where the metrics are served; with ``--log-format json``, write the sink's events as JSON lines."""
+    if sink.metrics_url is not None:
+        out(f"metrics: serving at {sink.metrics_url}")
+    if config.log_format == "json":
+        from . import jsonlog
+
+        sink.listen(jsonlog.write)
 
 
 def kafka_stream(config: RunConfig, out: Callable[[str], None]) -> tuple[Any, Any]:

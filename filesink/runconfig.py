@@ -60,6 +60,12 @@ class RunConfig:
     """``--catalog``: pyiceberg's catalog properties (empty: the sink's default, an embedded catalog)."""
     kafka: KafkaOptions | None = None
     """``--format kafka``: the topics to read (:mod:`filesink.kafka_source`); ``input`` is then unused."""
+    metrics_port: int | None = None
+    """``--metrics-port``: serve the sink's metrics for Prometheus (the sink's ``metrics_port``)."""
+    metrics_address: str = "127.0.0.1"
+    """``--metrics-address``: where ``--metrics-port`` listens."""
+    log_format: str = "text"
+    """``--log-format``: ``text``, or ``json`` (:mod:`filesink.jsonlog`)."""
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -92,6 +98,8 @@ def make_sink(config: RunConfig, options: dict[str, Any]) -> ExactlyOnceParquetS
         table_format=config.table_format,
         catalog=config.catalog or None,
         table=config.table,
+        metrics_port=config.metrics_port,
+        metrics_address=config.metrics_address,
     )
 
 

@@ -30,7 +30,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,7 @@ from logstore import (
     SegmentDescriptor,
     append_segment,
     guards,
+    requestcounts,
 )
 from logstore.conditional import probe_conditional_create, require_conditional_create
 from logstore.failpoints import failpoint
@@ -55,6 +56,7 @@ from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
+from . import metrics as metrics_hooks
 from . import taskrows
 from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .backlog import BacklogTracker
@@ -78,6 +80,8 @@ from .errors import (
 )
 from .ledger import Ledger, PlannedFile
 from .lock import LOCK_FILE, StateLock
+from .metrics import MetricsBook, SinkMetrics
+from .metrics_http import serve
 from .output import (
     CLAIM_NAME,
     OutputLocation,
@@ -191,11 +195,17 @@ class ExactlyOnceParquetSink:
         catalog: Mapping[str, Any] | None = None,
         table: str | None = None,
         fill_missing_columns: bool = False,
+        metrics_port: int | None = None,
+        metrics_address: str = "127.0.0.1",
     ) -> None:
         """The options are described in ``docs/configuration.md``. ``single_driver``: go on where the log store's
         location has no conditional create (an S3 server that ignores or refuses ``If-None-Match: *``), which
         otherwise stops the start with ``ConditionalCreateError``; the operator then promises that at most one
-        driver or ``filesink recover apply`` runs on the sink at a time, since nothing fences a second one."""
+        driver or ``filesink recover apply`` runs on the sink at a time, since nothing fences a second one.
+        ``metrics_port``: serve the sink's figures (:meth:`metrics`) for Prometheus at
+        ``http://<metrics_address>:<metrics_port>/metrics`` from this process (0: a free port, see
+        :attr:`metrics_url`; needs the ``metrics`` extra); a port in use stops the start before anything is opened
+        (``MetricsPortError``)."""
         self._description = SinkDescription.checked(
             path,
             state_dir,
@@ -219,9 +229,15 @@ class ExactlyOnceParquetSink:
             fill_missing_columns=fill_missing_columns,
         )
         if connect_client():
+            if metrics_port is not None:
+                raise SinkOptionError(
+                    f"metrics_port for the sink of {path}: under Spark Connect the sink opens on the server, and its "
+                    "figures are there, not in this client. Leave metrics_port unset here (filesink run: without "
+                    "--metrics-port when run with --remote)."
+                )
             self._describe()  # opens on the Spark Connect server, at its first batch there
         else:
-            self._open()
+            self._open(None if metrics_port is None else (metrics_address, metrics_port))
 
     @classmethod
     def open_description(cls, description: SinkDescription) -> ExactlyOnceParquetSink:
@@ -248,10 +264,25 @@ class ExactlyOnceParquetSink:
         self.stats = SinkStats()
         """On a Spark Connect client this stays empty: the sink counts on the server."""
 
-    def _open(self) -> None:
-        """Take the state directory's lock, open the log store and the output, and run recovery."""
+    def _open(self, serve_at: tuple[str, int] | None = None) -> None:
+        """Take the state directory's lock, open the log store and the output, and run recovery; first, start
+        serving metrics at ``serve_at`` (address, port), if given."""
         d = self._description
         self._describe()
+        self._metrics = MetricsBook()  # before recovery: its requests and commits are this run's
+        self._metrics_server = (
+            None if serve_at is None else serve(self._metrics.snapshot, *serve_at, f"the sink of {d.path}")
+        )
+        try:
+            self._open_state()
+        except BaseException:
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+            raise
+
+    def _open_state(self) -> None:
+        """What :meth:`_open` does once the metrics are served: lock, log store, output, recovery."""
+        d = self._description
         self._is_open = True
         path = d.path
         state = self.state_dir
@@ -345,6 +376,8 @@ class ExactlyOnceParquetSink:
             """Whether this run checked every executor (:meth:`_probe_executors`)."""
             self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)
             self._backlog = BacklogTracker(self._store)
+            recovered: list[tuple[int, int]] = self.recovered.committed_files() if self.recovered else []
+            metrics_hooks.opened(self._metrics, self._store, self._term, recovered, self._backlog)
             self._remember_s3_settings(options)
         except BaseException:
             store = getattr(self, "_store", None)
@@ -380,7 +413,8 @@ class ExactlyOnceParquetSink:
             self.stats = opened.stats
             opened(df, batch_id)
             return
-        with self._lock:
+        with self._lock, self._metrics.watching():
+            batch_started = time.monotonic()
             self._check_usable()
             self.use_spark(df.sparkSession)
             self._probe_executors(
@@ -391,6 +425,7 @@ class ExactlyOnceParquetSink:
                 if self._description.fill_missing_columns:
                     df = fill_missing_columns(df, self._ledger, (*(self.key_columns or ()), *self.partition_by))
                 version = self._check_schema(df.schema, batch_id)
+                started = time.monotonic()
                 descriptors = self._append(df, batch_id, version)
                 if version is not None:
                     self._record_version(version, descriptors)
@@ -398,9 +433,12 @@ class ExactlyOnceParquetSink:
                 self.stats.batches += 1
                 self.stats.rows_in += sum(d.rows for d in descriptors)
                 self.stats.last_epoch = batch_id
+                self._metrics.appended(batch_id, sum(d.rows for d in descriptors), time.monotonic() - started)
             else:
                 self.stats.replayed += 1
+                self._metrics.replayed()
             self._roll(force=False)
+            self._metrics.batch_done(batch_id, batch_id <= last, time.monotonic() - batch_started)
             self._start_timer()
 
     def use_spark(self, spark: Any) -> None:
@@ -626,7 +664,7 @@ class ExactlyOnceParquetSink:
                 )
             flush_through_connect(self._description, spark)
             return
-        with self._lock:
+        with self._lock, self._metrics.watching():
             self._check_usable()
             self._roll(force=True)
 
@@ -657,6 +695,8 @@ class ExactlyOnceParquetSink:
                 log.warning("could not record in the durable home that writer term %d stopped: %s", self._term, e)
             self._store.close()
             self._state_lock.release()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         forget(self)
 
     @property
@@ -691,6 +731,22 @@ class ExactlyOnceParquetSink:
         return (_described, (self._description,))
 
     # -- what tests and tools may look at --------------------------------------------------------------
+
+    def metrics(self) -> SinkMetrics:
+        """A snapshot of the sink's figures in this run (:class:`filesink.metrics.SinkMetrics`): read from memory,
+        cheap enough for every batch (no listing, no query, no request)."""
+        return self._opened()._metrics.snapshot()
+
+    def listen(self, listener: Callable[[dict[str, Any]], None] | None) -> None:
+        """Call ``listener`` with a record of each batch and of each roll that committed files
+        (:func:`filesink.metrics.event_record`), in the thread that ran it; None stops it."""
+        self._opened()._metrics.listener = listener
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the sink serves its metrics for Prometheus (``metrics_port``), or None."""
+        server = self._opened()._metrics_server
+        return server.url if server is not None else None
 
     @property
     def log_store(self) -> LogStore:
@@ -901,6 +957,7 @@ class ExactlyOnceParquetSink:
                 return
             ctx = TaskContext.get()
             writer = term_prefix + (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx else "driver")
+            before = requestcounts.snapshot()
             try:
                 rows = admission.admit(b.rename_columns(names) for b in batches)
             except Refusal as e:
@@ -908,10 +965,12 @@ class ExactlyOnceParquetSink:
                 return
             descriptor = append_segment(target, epoch, rows, writer_id=writer)
             if descriptor is not None:
-                yield taskrows.appended(pickle.dumps(descriptor))
+                counts = taskrows.task_counts(before, ctx.attemptNumber() if ctx else 0)
+                yield taskrows.appended(pickle.dumps(descriptor), counts)
 
         rows = positional.withColumn(VNODE_COLUMN, vnode).mapInArrow(append_task, taskrows.APPEND_SCHEMA).collect()
         descriptors = [pickle.loads(r.descriptor) for r in rows if r.descriptor is not None]
+        self._metrics.tasks(r[taskrows.COUNTS_COLUMN] for r in rows)
         unshared = [r[taskrows.UNSHARED_COLUMN] for r in rows if r[taskrows.UNSHARED_COLUMN] is not None]
         if unshared:
             self._store.discard(epoch, descriptors)
@@ -984,14 +1043,20 @@ class ExactlyOnceParquetSink:
         shared = self._shared
 
         def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            from pyspark import TaskContext
+
             problem = shared.problem() if shared is not None else None
+            ctx = TaskContext.get()
             for batch in batches:
                 for index in batch.column(0).to_pylist():
                     task = tasks[index]
                     if problem is not None:  # nothing of the file written: this executor's output is not the driver's
                         yield taskrows.not_written(task.name, problem)
                     else:
-                        yield taskrows.written(task.name, pickle.dumps(write_file(output, task)))
+                        before = requestcounts.snapshot()
+                        objects = pickle.dumps(write_file(output, task))
+                        counts = taskrows.task_counts(before, ctx.attemptNumber() if ctx else 0)
+                        yield taskrows.written(task.name, objects, counts)
 
         # A mapInArrow job like the append (task i writes file i), not an RDD job: Spark runs both on the same
         # pool of Python workers, which are running and have their modules imported already, instead of
@@ -999,6 +1064,7 @@ class ExactlyOnceParquetSink:
         count = len(tasks)
         jobs = self._spark.range(0, count, 1, count).mapInArrow(write_task, taskrows.WRITTEN_SCHEMA)
         rows = jobs.collect()
+        self._metrics.tasks(r[taskrows.COUNTS_COLUMN] for r in rows)
         unshared = [r[taskrows.UNSHARED_COLUMN] for r in rows if r[taskrows.UNSHARED_COLUMN] is not None]
         if unshared:
             refused = [r.name for r in rows if r[taskrows.UNSHARED_COLUMN] is not None]
@@ -1045,6 +1111,11 @@ class ExactlyOnceParquetSink:
             self._sample = sample_ratio(self._file_task(largest, self._term), self._row_group_rows)
 
     def _roll(self, *, force: bool) -> None:
+        started = time.monotonic()
+        self._roll_steps(force=force)
+        self._metrics.rolled(time.monotonic() - started)
+
+    def _roll_steps(self, *, force: bool) -> None:
         failpoint("filesink.plan.before")
         try:
             files, idle = self._plan(force=force)
@@ -1054,11 +1125,13 @@ class ExactlyOnceParquetSink:
                 raise
             self._store.check_term("plan files")  # segments a newer owner released are not damage
             raise damage from e
+        metrics_hooks.planned(self._metrics, self._backlog)
         written: dict[str, list[WrittenObject]] = {}
         if files:
             check_planned(self._store, files)  # a missing segment stops the roll before its pre-commit
             failpoint("filesink.precommit.before")
             self._ledger.precommit(files, self._term)
+            self._metrics.pending(len(files))
             failpoint("filesink.precommit.after")
             try:
                 written = self._write(files)
@@ -1069,13 +1142,15 @@ class ExactlyOnceParquetSink:
                 self._store.check_term(f"write {len(files)} files")  # released by a newer owner: not damage
                 raise damage from e
             failpoint("filesink.write.after")
-            if self._destination.options.is_table:
-                self._make_visible(files, written)
+        committing = time.monotonic()
+        if files and self._destination.options.is_table:
+            self._make_visible(files, written)
         sizes = {name: sum(o.size for o in objects) for name, objects in written.items()}
         if files:
             failpoint("filesink.commit.before")
         self._ledger.commit(files, sizes, idle, self._term)
         if files:
+            metrics_hooks.committed(self._metrics, files, sizes, time.monotonic() - committing, self._backlog)
             failpoint("filesink.commit.after")
             write_mark(self._output, self._store.sink_id, self._store.truncate_points())
             self.stats.file_sizes.extend(sizes[f.name] for f in files)
@@ -1167,6 +1242,7 @@ class ExactlyOnceParquetSink:
                     self._check_no_pending()
                     self._roll(force=False)
             except BaseException as e:  # reported by the next batch, flush or close
+                self._metrics.fenced_at(e)
                 self._timer_error = e
                 return
 

@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
+from . import requestcounts
 from .failpoints import failpoint
 from .segment import SUFFIX as SEGMENT_SUFFIX
 from .segment_cache import CachedReads, open_cache
@@ -556,9 +557,12 @@ class FsspecStorage:
         return str(self.fs.unstrip_protocol(self._full(relpath)))
 
     @contextlib.contextmanager
-    def _naming(self, action: str, relpath: str) -> Iterator[None]:
-        """Storage errors name the file (what the client raises after its retries says only what failed);
-        ``FileNotFoundError`` passes unchanged, callers act on it."""
+    def _naming(self, action: str, relpath: str, kind: str, n: int = 1) -> Iterator[None]:
+        """One request (or ``n``) of ``kind``, counted (:mod:`logstore.requestcounts`). Storage errors name the file
+        (what the client raises after its retries says only what failed); ``FileNotFoundError`` passes unchanged,
+        callers act on it."""
+        store = requestcounts.store_of(relpath)
+        requestcounts.count(store, kind, n=n)
         try:
             yield
         except FileNotFoundError:
@@ -566,6 +570,7 @@ class FsspecStorage:
         except Exception as e:
             if not is_storage_error(e):
                 raise
+            requestcounts.count(store, kind, "errors")
             raise storage_error(f"cannot {action} {self.display(relpath)}", e) from e
 
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
@@ -577,8 +582,9 @@ class FsspecStorage:
             kwargs["ContentType"] = SEGMENT_CONTENT_TYPE
         if self.cache is not None:
             self.cache.drop(relpath)  # a name written again (damage tests do): its old copy must not outlive it
-        with self._naming("write", relpath):
+        with self._naming("write", relpath, "put"):
             answer = self.fs.pipe_file(self._full(relpath), data, **kwargs)
+        requestcounts.count(requestcounts.store_of(relpath), "put", "retries", requestcounts.retries_in(answer))
         if self.cache is not None:  # only once S3 holds the segment: the copy serves reads, S3 stays the truth
             self.cache.put(relpath, data, answer.get("ETag") if isinstance(answer, dict) else None)
         return len(data)
@@ -588,7 +594,7 @@ class FsspecStorage:
 
     def create(self, relpath: str, data: bytes) -> bool:
         if not self._is_s3:
-            with self._naming("check", relpath):
+            with self._naming("check", relpath, "head"):
                 if self.fs.exists(self._full(relpath)):
                     return False
             self.write(relpath, [data])
@@ -596,7 +602,7 @@ class FsspecStorage:
         bucket, key, _ = self.fs.split_path(self._full(relpath))
         # A check first (one HEAD): some servers (rclone's) ignore If-None-Match and replace the object. Where the
         # server honours the condition, it closes the race between the check and the write.
-        with self._naming("check", relpath):
+        with self._naming("check", relpath, "head"):
             try:
                 self.fs.call_s3("head_object", Bucket=bucket, Key=key)
                 return False
@@ -615,6 +621,8 @@ class FsspecStorage:
                 PutAnswer.REFUSED, f"no conditional create over {self.fs.protocol!r}: the sink checks, then writes"
             )
         bucket, key, _ = self.fs.split_path(self._full(relpath))
+        store = requestcounts.store_of(relpath)
+        requestcounts.count(store, "put")
         try:
             answer = self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
         except Exception as e:
@@ -626,7 +634,9 @@ class FsspecStorage:
                 return ConditionalPut(PutAnswer.EXISTS, seen)
             if code in CONDITION_REFUSED or status == 501:
                 return ConditionalPut(PutAnswer.REFUSED, seen)
+            requestcounts.count(store, "put", "errors")
             raise storage_error(f"cannot create {self.display(relpath)}", e) from e
+        requestcounts.count(store, "put", "retries", requestcounts.retries_in(answer))
         status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(answer, dict) else None
         return ConditionalPut(PutAnswer.CREATED, f"HTTP {status}" if status else "success")
 
@@ -642,14 +652,14 @@ class FsspecStorage:
         """One ranged GET."""
         if length == 0:
             return b""
-        with self._naming(f"read {length} bytes at {offset} of", relpath):
+        with self._naming(f"read {length} bytes at {offset} of", relpath, "get"):
             data: bytes = self.fs.cat_file(self._full(relpath), start=offset, end=offset + length)
         return data
 
     def _head(self, relpath: str) -> tuple[int, str]:
         """The size and ETag of the object at ``relpath`` (one HEAD); ``FileNotFoundError`` if there is none."""
         bucket, key, _ = self.fs.split_path(self._full(relpath))
-        with self._naming("check", relpath):
+        with self._naming("check", relpath, "head"):
             answer = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
         return int(answer.get("ContentLength", -1)), str(answer.get("ETag") or "")
 
@@ -670,7 +680,7 @@ class FsspecStorage:
 
     def read_all(self, relpath: str) -> bytes:
         # start=0: one GET (without a range, s3fs asks for the object's size first: a HEAD per read).
-        with self._naming("read", relpath):
+        with self._naming("read", relpath, "get"):
             data: bytes = self.fs.cat_file(self._full(relpath), start=0)
         return data
 
@@ -678,7 +688,7 @@ class FsspecStorage:
         base = self._full(prefix) if prefix else self.root
         self.fs.invalidate_cache(self.root)
         try:
-            with self._naming("list", prefix):
+            with self._naming("list", prefix, "list"):
                 found = self._list_s3(base) if self._is_s3 else self.fs.find(base, detail=True)
         except FileNotFoundError:
             return
@@ -701,7 +711,7 @@ class FsspecStorage:
         if self.cache is not None:
             self.cache.drop(relpath)
         try:
-            with self._naming("delete", relpath):
+            with self._naming("delete", relpath, "delete"):
                 self.fs.rm_file(self._full(relpath))
         except FileNotFoundError:
             return False
@@ -721,7 +731,7 @@ class FsspecStorage:
         for first in range(0, len(relpaths), DELETE_BATCH):
             chunk = relpaths[first : first + DELETE_BATCH]
             keys = [{"Key": f"{prefix}/{relpath}" if prefix else relpath} for relpath in chunk]
-            with self._naming(f"delete {len(chunk)} files, the first", chunk[0]):
+            with self._naming(f"delete {len(chunk)} files, the first", chunk[0], "delete"):
                 answer = sync(
                     self.fs.loop,
                     self.fs._call_s3,

@@ -108,6 +108,14 @@ class RecoveryPlan:
     """Segments the sink still needs that are missing or damaged (found; with ``drop_damaged``, given up)."""
     given_up: list[GivenUp] = field(default_factory=list)
     """Segments this run gave up (``drop_damaged``)."""
+    committed_bytes: dict[str, int] = field(default_factory=dict)
+    """File name -> bytes, of the files this recovery committed (as they were, or written again)."""
+
+    def committed_files(self) -> list[tuple[int, int]]:
+        """(rows, bytes) of each file this recovery committed (a sink's metrics count them as the run's)."""
+        return [
+            (r.file.rows, self.committed_bytes[r.file.name]) for r in self.files if r.file.name in self.committed_bytes
+        ]
 
     @property
     def empty(self) -> bool:
@@ -290,7 +298,8 @@ def apply_recovery(
         elif r.action is Action.RELEASED:
             ledger.commit([f], {}, [], term)
         elif r.action is Action.COMMIT:
-            ledger.commit([f], {f.name: sum(size for _, size in r.visible)}, [], term)
+            done.committed_bytes[f.name] = sum(size for _, size in r.visible)
+            ledger.commit([f], {f.name: done.committed_bytes[f.name]}, [], term)
         else:
             task = file_task(f, term)
             if partitioned and any(is_shared_name(key, f.name) for key, _ in r.visible):
@@ -298,7 +307,8 @@ def apply_recovery(
             objects = write_file(output, task)
             if destination is not None and r.held is False:
                 _make_visible(store, ledger, destination, [f], {f.name: objects})
-            ledger.commit([f], {f.name: sum(o.size for o in objects)}, [], term)
+            done.committed_bytes[f.name] = sum(o.size for o in objects)
+            ledger.commit([f], {f.name: done.committed_bytes[f.name]}, [], term)
         failpoint("recovery.resolve.after", f.name)
         done.files.append(r)
         if progress is not None:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from logstore import requestcounts
 from logstore.failpoints import failpoint
 from logstore.storage import is_storage_error, s3_error_code, storage_error
 
@@ -23,6 +24,34 @@ MIN_PART_SIZE = 5 * 2**20
 """S3's smallest part (all parts but the last)."""
 DEFAULT_PART_SIZE = 16 * 2**20
 MAX_PARTS = 10_000
+
+
+KINDS = {
+    "create_multipart_upload": "put",
+    "upload_part": "put",
+    "complete_multipart_upload": "put",
+    "abort_multipart_upload": "delete",
+    "head_object": "head",
+    "list_parts": "list",
+    "list_multipart_uploads": "list",
+}
+"""The kind (:mod:`logstore.requestcounts`) of each S3 request of an upload."""
+
+
+def _s3(fs: Any, method: str, **kwargs: Any) -> Any:
+    """One request through the s3fs filesystem's client, counted as the output's; an error other than
+    ``FileNotFoundError`` (an answer the callers act on) counted as failed."""
+    kind = KINDS.get(method, "put")
+    requestcounts.count(requestcounts.OUTPUT, kind)
+    try:
+        answer = fs.call_s3(method, **kwargs)
+    except FileNotFoundError:
+        raise
+    except Exception:
+        requestcounts.count(requestcounts.OUTPUT, kind, "errors")
+        raise
+    requestcounts.count(requestcounts.OUTPUT, kind, "retries", requestcounts.retries_in(answer))
+    return answer
 
 
 class MultipartObject:
@@ -97,7 +126,7 @@ class MultipartObject:
 
     def _call(self, method: str, **kwargs: Any) -> Any:
         try:
-            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+            return _s3(self.fs, method, Bucket=self.bucket, Key=self.key, **kwargs)
         except FileNotFoundError as e:
             if self.on_gone is None or method == "create_multipart_upload":
                 raise
@@ -114,7 +143,7 @@ class MultipartObject:
         if self.upload_id is None:
             return False
         try:
-            self.fs.call_s3("list_parts", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, MaxParts=1)
+            _s3(self.fs, "list_parts", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, MaxParts=1)
         except FileNotFoundError:
             return True
         except OSError:
@@ -159,7 +188,8 @@ class MultipartObject:
         assert self.closed and self.upload_id is not None, "complete() after close()"
         failpoint("filesink.upload.complete.before", self.key)
         try:
-            self.fs.call_s3(
+            _s3(
+                self.fs,
                 "complete_multipart_upload",
                 Bucket=self.bucket,
                 Key=self.key,
@@ -183,7 +213,7 @@ class MultipartObject:
     def visible_size(self) -> int | None:
         """The size of the object visible under the key (HEAD), or None if there is none."""
         try:
-            head = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self.key)
+            head = _s3(self.fs, "head_object", Bucket=self.bucket, Key=self.key)
         except FileNotFoundError:
             return None
         return int(head["ContentLength"])
@@ -213,7 +243,7 @@ def _unsupported(code: str | None, status: int | None) -> bool:
 def abort_upload(fs: Any, bucket: str, key: str, upload_id: str) -> bool:
     """Abort an upload; False if it no longer exists (already aborted or completed)."""
     try:
-        fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+        _s3(fs, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
     except FileNotFoundError:
         return False
     except OSError as e:
@@ -231,7 +261,7 @@ def list_uploads(
     where = f"s3://{bucket}/{prefix}"
     while True:
         try:
-            page = fs.call_s3("list_multipart_uploads", **kwargs)
+            page = _s3(fs, "list_multipart_uploads", **kwargs)
         except Exception as e:
             if not is_storage_error(e):
                 raise

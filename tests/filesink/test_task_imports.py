@@ -22,7 +22,7 @@ from filesink.output import OutputLocation, prepare_staging
 from filesink.output.limits import key_limits
 from filesink.shared import shared_dirs
 from filesink.writer import FileTask
-from logstore import LogStore, append_segment
+from logstore import LogStore, append_segment, requestcounts
 
 VNODES = 4
 
@@ -39,24 +39,27 @@ def step(name):
     steps[name] = "pandas" in sys.modules
 
 from filesink import taskrows
+from logstore import requestcounts
 from filesink.writer import write_file
 from logstore import append_segment
 
 inputs = pickle.loads((work / "inputs.pkl").read_bytes())
 rows = pa.ipc.open_file(str(work / "rows.arrow")).read_all()
 step("start")
+before = requestcounts.snapshot()
 assert inputs["shared"].problem() is None
 step("shared")
 admitted = inputs["admission"].admit(rows.to_batches())
 step("admission")
 descriptor = append_segment(inputs["target"], inputs["epoch"], admitted, writer_id="p0-a0")
 step("segment")
-out = [taskrows.appended(pickle.dumps(descriptor)), taskrows.refused("rows of batch 7: refused \udcff")]
+out = [taskrows.appended(pickle.dumps(descriptor), taskrows.task_counts(before, 1))]
+out.append(taskrows.refused("rows of batch 7: refused \udcff"))
 out.append(taskrows.unshared("not the driver's"))
 step("append rows")
 objects = write_file(inputs["output"], inputs["task"])
 step("file")
-out.append(taskrows.written(inputs["task"].name, pickle.dumps(objects)))
+out.append(taskrows.written(inputs["task"].name, pickle.dumps(objects), taskrows.task_counts(before, 0)))
 out.append(taskrows.not_written("part-1", "not the driver's"))
 step("file row")
 with pa.ipc.new_file(str(work / "out.arrow"), out[0].schema) as w:
@@ -132,11 +135,19 @@ def test_the_tasks_leave_pandas_unimported(tmp_path, partition_by):
         descriptor = pickle.loads(appended[0]["descriptor"])
         assert (descriptor.epoch, descriptor.rows) == (1, 300)
         assert appended[0]["refused"] is None and appended[0]["unshared"] is None
-        assert appended[1] == {"descriptor": None, "refused": "rows of batch 7: refused ?", "unshared": None}
-        assert appended[2] == {"descriptor": None, "refused": None, "unshared": "not the driver's"}
+        # The counts a task reports (a local log store and output make no requests; attempt 1 is a retry).
+        assert requestcounts.decode(appended[0]["counts"]) == {("retries", "spark", "task"): 1}
+        assert appended[1] == {
+            "descriptor": None,
+            "refused": "rows of batch 7: refused ?",
+            "unshared": None,
+            "counts": None,
+        }
+        assert appended[2] == {"descriptor": None, "refused": None, "unshared": "not the driver's", "counts": None}
         written = pa.ipc.open_file(str(tmp_path / "written.arrow")).read_all().to_pylist()
         assert [(r["name"], r["unshared"]) for r in written] == [("part-0", None), ("part-1", "not the driver's")]
         assert written[1]["objects"] is None
+        assert [r["counts"] for r in written] == [None, None], "attempt 0, no requests: nothing to report"
         objects = pickle.loads(written[0]["objects"])
         assert sum(o.rows for o in objects) == 500
         if not parted:
