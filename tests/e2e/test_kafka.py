@@ -192,6 +192,11 @@ def test_kafka_records_deleted_before_they_were_read(tmp_path: Path, broker: Kaf
         (["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-option", "subscribe=b"], "set it with its own option"),
         (["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-option", "failOnDataLoss=no"], "take true or false"),
         (
+            ["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-option", "maxOffsetsPerTrigger=1e4"],
+            "maxOffsetsPerTrigger=1e4: take a positive number of records",
+        ),
+        (["--kafka-bootstrap", "h:1", "--topics", "a,", "--kafka-value", "binary"], "names an empty topic"),
+        (
             ["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-value", "json", "--schema", "offset bigint"],
             "--schema names offset",
         ),
@@ -374,3 +379,27 @@ def test_kafka_records_deleted_while_the_query_runs_are_reported(tmp_path: Path,
     ]
     assert len(counts) == len(warned) and sum(counts) == len(gap), warned
     assert f"warning: {len(gap):,} records were no longer in Kafka" in text, text[-3000:]
+
+
+def test_kafka_options_of_a_topic_pattern_binary_values_and_a_batch_limit() -> None:
+    """What Spark's Kafka source is given (the end-to-end run is ``test_kafka_value_decodings_...``)."""
+    from filesink.cli import build_parser
+    from filesink.kafka_source import options_of, usage
+
+    args = build_parser().parse_args(
+        [
+            *("run", "--format", "kafka", "--output", "o", "--state-dir", "s", "--kafka-bootstrap", "h:1"),
+            *("--topic-pattern", "pat-.*", "--kafka-value", "binary"),
+            *("--kafka-option", "maxOffsetsPerTrigger=150", "--kafka-option", "failOnDataLoss=false"),
+        ]
+    )
+    assert usage(args) is None
+    kafka = options_of(args)
+    assert kafka is not None and kafka.value == "binary" and not kafka.fails_on_data_loss
+    assert kafka.source_options() == {
+        "kafka.bootstrap.servers": "h:1",
+        "subscribePattern": "pat-.*",
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": "150",
+        "failOnDataLoss": "false",
+    }
