@@ -12,6 +12,7 @@ checked. See ``docs/kafka.md``.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -53,14 +54,24 @@ class Shortfall:
         )
 
 
-def _offsets(text: Any) -> dict[tuple[str, int], int]:
-    """Spark's Kafka offsets JSON (``{"topic": {"0": 42}}``) as (topic, partition) -> offset; {} for none."""
-    if not text:
-        return {}
+def _parsed(text: Any) -> Any:
+    """An offset of a progress: JSON (Spark's own), or, as pyspark 4's ``SourceProgress`` gives it, the Python text
+    of the parsed JSON (``str()`` of a dict; ``'None'`` for none)."""
+    if not isinstance(text, str):
+        return text
     try:
-        parsed = json.loads(text) if isinstance(text, str) else text
+        return json.loads(text)
     except ValueError:
-        return {}
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+
+
+def _offsets(text: Any) -> dict[tuple[str, int], int]:
+    """Spark's Kafka offsets (``{"topic": {"0": 42}}``) as (topic, partition) -> offset; {} for none."""
+    parsed = _parsed(text)
     if not isinstance(parsed, dict):
         return {}
     return {
@@ -82,7 +93,7 @@ def _spans(progress: Any) -> tuple[list[Span], int] | None:
     spans: list[Span] = []
     read = 0
     for source in _get(progress, "sources") or []:
-        if not _get(source, "startOffset"):
+        if not _parsed(_get(source, "startOffset")):
             return None
         start, end = _offsets(_get(source, "startOffset")), _offsets(_get(source, "endOffset"))
         spans += [Span(t, p, start.get((t, p), 0), o) for (t, p), o in sorted(end.items()) if o > start.get((t, p), 0)]

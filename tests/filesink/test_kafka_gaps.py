@@ -10,9 +10,21 @@ from filesink.kafka_gaps import GapWatch, Span, new_shortfalls
 from filesink.kafka_source import kafka_fix
 
 
-def _progress(batch: int, start: dict[str, Any] | None, end: dict[str, Any], rows: int) -> dict[str, Any]:
-    source = {"startOffset": json.dumps(start) if start else None, "endOffset": json.dumps(end), "numInputRows": rows}
+def _progress(
+    batch: int, start: dict[str, Any] | None, end: dict[str, Any], rows: int, text: Any = json.dumps
+) -> dict[str, Any]:
+    """A progress as Spark's JSON has it (``text``: ``str``, as pyspark 4's ``SourceProgress`` gives offsets)."""
+    source = {"startOffset": text(start), "endOffset": text(end), "numInputRows": rows}
     return {"batchId": batch, "sources": [source]}
+
+
+def test_offsets_as_pyspark_gives_them() -> None:
+    """pyspark 4's ``SourceProgress`` has ``str()`` of the parsed JSON: ``'None'`` for the first batch's start."""
+    progresses = [
+        _progress(0, None, {"t": {"0": 5}}, 1, text=str),
+        _progress(1, {"t": {"0": 5}}, {"t": {"0": 9}}, 1, text=str),
+    ]
+    assert [(g.batch_id, g.missing) for g in new_shortfalls(progresses, set())] == [(1, 3)]
 
 
 def test_a_batch_that_read_fewer_rows_than_its_offsets_span_is_reported_once() -> None:
