@@ -53,6 +53,12 @@ class KafkaOptions:
         return self.options.get("failOnDataLoss", "true").strip().lower() != "false"
 
 
+def skips_lost(kafka: KafkaOptions | None) -> bool:
+    """Whether a Kafka query skips records Kafka no longer holds (``failOnDataLoss=false``): then ``filesink run``
+    looks for them in its progress (:mod:`filesink.kafka_gaps`)."""
+    return kafka is not None and not kafka.fails_on_data_loss
+
+
 def _option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -240,7 +246,20 @@ def kafka_fix(summary: list[str]) -> str:
             "go on, run the same command with --kafka-option failOnDataLoss=false; the output then has a gap in "
             "those partitions' offsets (docs/kafka.md)."
         )
+    if any(words in line for line in summary for words in MALFORMED_VALUE):
+        return (
+            "A record's value in that batch is not JSON that --schema describes (--kafka-value json parses in "
+            "FAILFAST mode, so that no record becomes a row of nulls), and a Kafka record cannot be corrected: "
+            "every run stops at it. Find it by reading the topic with --kafka-value string into another --output "
+            "and --state-dir (every row has its topic, partition and offset); then widen --schema if the value is "
+            "valid, or, to go on without the records before it, start a new query with --starting-offsets past "
+            "it (docs/kafka.md)."
+        )
     return "Fix the cause and run the same command again: it resumes with that batch, read again from Kafka."
+
+
+MALFORMED_VALUE = ("MALFORMED_RECORD_IN_PARSING", "Malformed records are detected in record parsing")
+"""What Spark says when ``from_json`` in FAILFAST mode meets a value that is not JSON of the schema."""
 
 
 def columns(kafka: KafkaOptions) -> list[str]:

@@ -29,7 +29,7 @@ from logstore import store as logstore_store
 from logstore.storage import is_local
 from logstore.store import REBUILD_NOTICE
 
-from . import kafka_source
+from . import kafka_gaps, kafka_source
 from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_OK, InputError
@@ -195,7 +195,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
                 query = writer.start()
                 recovered = recovered_commits(sink.recovered)
                 progress = Progress(console, sink.stats, config.state_dir, "filesink run", recovered=recovered)
-                failure = watch(query, batches, stop, progress)
+                gaps = kafka_gaps.GapWatch(progress, query) if kafka_source.skips_lost(config.kafka) else None
+                failure = watch(query, batches, stop, gaps or progress)
                 if failure is not None:
                     return report_failure(failure, batches, config, out)
                 if not stop.is_set():  # drained (--available-now): write what the log store holds
@@ -208,6 +209,8 @@ def run(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> 
                     f"{time.monotonic() - started:,.1f} s"
                 )
                 summary_said.set()
+                if gaps is not None and gaps.summary():
+                    out(str(gaps.summary()))
             finally:  # still under the handler: a second Ctrl-C while Spark stops ends the run at once, quietly
                 sink.close()
                 spark.stop()

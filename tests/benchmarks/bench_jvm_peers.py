@@ -16,8 +16,10 @@ Not a test (pytest does not collect it). Run from the repository root::
     python tests/benchmarks/bench_jvm_peers.py --rows 2000000 --variants ours,delta,iceberg --plot docs/x.png
 
 Each run is a job process of its own (``bench_jvm_peers_job.py``) with ``local[2]`` Spark, 2 input files per
-micro-batch, available-now trigger, over the same Parquet input (``--source``: ``parquet``; a Kafka source is a
-hook, not built yet). The order of the variants alternates from round to round. Measured per run: seconds from the
+micro-batch, available-now trigger, over the same Parquet input (``--source parquet``), or over the same rows
+as JSON values in a topic of a local Kafka broker (``--source kafka``, :func:`kafka_input`: every variant reads it
+with Spark's Kafka source, as many records per batch as 2 input files hold). The order of the variants
+alternates from round to round. Measured per run: seconds from the
 query's start to the end state; steady-state rows/s (the rows of every batch but the first over the time from the
 first batch's end to the last one's); CPU seconds per million rows of the job's process tree, split into the
 JVM, the driver's Python and the Python workers (``/proc``, sampled); the files at the end; and how long a row
@@ -30,6 +32,7 @@ before and after every run, the medians and the ratios measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -188,6 +191,46 @@ def end_files(variant: str, out: Path) -> list[str]:
     return [t.file.file_path for t in table.scan().plan_files()]
 
 
+# -- the Kafka source -------------------------------------------------------------------------------------
+
+TOPIC = "bench-input"
+KAFKA_PARTITIONS = 2
+
+
+def kafka_input(work: Path, paths: list[Path], rows: int) -> tuple[Any, dict[str, Any]]:
+    """A local broker (``tests/support/kafka_env.py``) holding the input's rows, in the files' order, in a topic of
+    :data:`KAFKA_PARTITIONS` partitions, keyed by ``user_id``: each value the JSON of one row, a timestamp as its
+    microseconds since the epoch. Every variant reads it from the earliest offsets with ``maxOffsetsPerTrigger`` at
+    the rows of :data:`bench_sinks.FILES_PER_BATCH` input files, the parquet source's batch. Returns the broker and
+    the jobs' ``kafka`` spec."""
+    from kafka_env import kafka_home, start_broker
+
+    home, reason = kafka_home()
+    if home is None:
+        raise SystemExit(f"no Kafka broker: {reason}")
+    started = time.monotonic()
+    broker = start_broker(home, work / "kafka")
+    try:
+        broker.create_topic(TOPIC, KAFKA_PARTITIONS)
+        names = list(pq.read_schema(paths[0]).names)
+        for path in paths:
+            records = _normalized(pq.read_table(path), names).to_pylist()
+            broker.produce(TOPIC, [(str(r["user_id"]), json.dumps(r, separators=(",", ":"))) for r in records])
+        held = sum(broker.end_offsets(TOPIC).values())
+        if held != rows:
+            raise SystemExit(f"the topic {TOPIC} holds {held:,} records, not the input's {rows:,}")
+    except BaseException:
+        broker.stop()
+        raise
+    per_batch = data.file_rows(rows)[0] * sinks.FILES_PER_BATCH
+    print(
+        f"Kafka: {rows:,} rows as JSON in {TOPIC} ({KAFKA_PARTITIONS} partitions) in "
+        f"{time.monotonic() - started:.1f} s; maxOffsetsPerTrigger {per_batch:,}",
+        flush=True,
+    )
+    return broker, {"bootstrap": broker.bootstrap, "topic": TOPIC, "max_offsets_per_trigger": per_batch}
+
+
 # -- one run ------------------------------------------------------------------------------------------
 
 
@@ -245,6 +288,8 @@ def run_once(
     if kind == "ours":
         spec["table_format"] = TABLE_FORMATS[variant]
         spec["table"] = "bench.events" if variant == "ours-iceberg" else None
+    if args.kafka:
+        spec["kafka"] = args.kafka
     spec_path = job_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYTHONHOME", "VIRTUAL_ENV")}
@@ -385,7 +430,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workload", default="events", choices=sorted(data.WORKLOADS))
-    parser.add_argument("--source", default="parquet", choices=SOURCES, help="kafka: not built yet")
+    parser.add_argument(
+        "--source",
+        default="parquet",
+        choices=SOURCES,
+        help="kafka: the input's rows as JSON values in a topic of a local broker, read by every variant",
+    )
     parser.add_argument("--quick", action="store_true", help="200,000 rows, 1 round")
     parser.add_argument("--dir", type=Path, default=None, help="where the runs' files go (a temp directory)")
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
@@ -415,8 +465,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(runs, variants, saves[0]["rows"], args.plot, loads)
         return 0
-    if args.source != "parquet":
-        raise SystemExit("--source kafka: the Kafka broker fixture is not on this branch yet; only parquet runs")
     variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
     if args.quick:
         args.rows, args.rounds = 200_000, 1
@@ -429,15 +477,21 @@ def main(argv: list[str] | None = None) -> int:
     started, load = time.monotonic(), os.getloadavg()
     work = data.work_directory(args.dir, "bench-jvm-peers-")
     print(f"{engines.python}; {os.cpu_count()} CPU(s); work in {work}; load {load[0]:.2f}", flush=True)
+    stack = contextlib.ExitStack()
     try:
         input_dir = work / "input"
         paths = data.generate(input_dir, args.rows, data.WORKLOADS[args.workload])
         expected = row_hashes([str(p) for p in paths], list(pq.read_schema(paths[0]).names))
+        args.kafka = None
+        if args.source == "kafka":
+            broker, args.kafka = kafka_input(work, paths, args.rows)
+            stack.callback(broker.stop)
         runs = []
         for round_ in range(args.first_round, args.first_round + args.rounds):
             order = variants if round_ % 2 else variants[::-1]
             runs += [run_once(args, engines, work, input_dir, expected, v, round_) for v in order]
     finally:
+        stack.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     end = os.getloadavg()

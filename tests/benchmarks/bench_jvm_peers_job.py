@@ -43,11 +43,36 @@ def connector_conf(spec: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def kafka_stream(spark: Any, kafka: dict[str, Any], schema: str) -> Any:
+    """The input's rows from a Kafka topic (``--source kafka``): each value the JSON of one row, a timestamp as its
+    microseconds since the epoch (exact, where a JSON timestamp's text would be parsed); read by Spark's Kafka source
+    from the earliest offsets, ``maxOffsetsPerTrigger`` records per batch; the columns of ``schema``, in its order."""
+    from pyspark.sql import functions as F
+
+    fields = [f.strip().split(" ", 1) for f in schema.split(",")]
+    as_json = ", ".join(f"{n} {'long' if t == 'timestamp' else t}" for n, t in fields)
+    raw = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka["bootstrap"])
+        .option("subscribe", kafka["topic"])
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(kafka["max_offsets_per_trigger"]))
+        .load()
+    )
+    rows = raw.select(F.from_json(F.col("value").cast("string"), as_json, {"mode": "FAILFAST"}).alias("v"))
+    return rows.select(
+        *[F.timestamp_micros(F.col(f"v.{n}")).alias(n) if t == "timestamp" else F.col(f"v.{n}") for n, t in fields]
+    )
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     spark = spark_session(spec["name"], {**connector_conf(spec), **spec.get("spark_conf", {})}, spec["parallelism"])
     schema = spark_schema(Path(spec["input"]))
-    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", spec["max_files_per_trigger"])
-    stream = stream.parquet(spec["input"])
+    if spec.get("kafka"):
+        stream = kafka_stream(spark, spec["kafka"], schema)
+    else:
+        stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", spec["max_files_per_trigger"])
+        stream = stream.parquet(spec["input"])
     target = int(spec["target_file_size"])
     handler: OurSinkBatches | None = None
     kind = spec["kind"]

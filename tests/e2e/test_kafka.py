@@ -12,8 +12,10 @@ and restarted with another parallelism.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import time
@@ -62,7 +64,8 @@ def _start(
     jars = ",".join(str(j) for j in engines.jars if j.name.startswith(KAFKA_JARS))
     args = [
         str(engines.python),
-        *("-m", "filesink", "run", "--format", "kafka", "--kafka-bootstrap", broker.bootstrap, "--topics", topics),
+        *("-m", "filesink", "run", "--format", "kafka", "--kafka-bootstrap", broker.bootstrap),
+        *(("--topics", topics) if topics else ()),  # none: --topic-pattern is in ``extra``
         *("--output", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")),
         *("--parallelism", str(parallelism), "--trigger", "1s", "--max-file-age", "1s"),
         *("--kafka-option", "maxOffsetsPerTrigger=150", "--conf", f"spark.jars={jars}", *extra),
@@ -189,6 +192,11 @@ def test_kafka_records_deleted_before_they_were_read(tmp_path: Path, broker: Kaf
         (["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-option", "subscribe=b"], "set it with its own option"),
         (["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-option", "failOnDataLoss=no"], "take true or false"),
         (
+            ["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-option", "maxOffsetsPerTrigger=1e4"],
+            "maxOffsetsPerTrigger=1e4: take a positive number of records",
+        ),
+        (["--kafka-bootstrap", "h:1", "--topics", "a,", "--kafka-value", "binary"], "names an empty topic"),
+        (
             ["--kafka-bootstrap", "h:1", "--topics", "a", "--kafka-value", "json", "--schema", "offset bigint"],
             "--schema names offset",
         ),
@@ -256,3 +264,145 @@ def test_kafka_campaign_kills_new_partitions_and_a_lost_state(
     assert _positions(rows) == Counter({("stream", p, o): 1 for p, end in ends.items() for o in range(end)})
     assert Counter((r["key"], r["value"]) for r in rows) == Counter(written)
     assert "done:" in text
+
+
+def _batch_sizes(checkpoint: Path) -> list[int]:
+    """Records each batch of Spark's offset log ``checkpoint/offsets`` covers (its end offsets, summed over the
+    topics and partitions, less the previous batch's; the first from 0, as ``earliest`` on a new topic)."""
+    ends = []
+    files = sorted((p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    for path in files:
+        offsets = json.loads(path.read_text().splitlines()[-1])
+        ends.append(sum(o for parts in offsets.values() for o in parts.values()))
+    return [end - before for before, end in zip([0, *ends], ends, strict=False)]
+
+
+def _json_value(i: int) -> str:
+    return json.dumps({"id": i, "amount": i / 4, "tags": [f"t{i % 3}", "x"], "who": {"name": f"n{i}", "age": i % 90}})
+
+
+@pytest.mark.chaos
+def test_kafka_value_decodings_a_topic_pattern_and_max_offsets_per_trigger(tmp_path: Path, broker: KafkaBroker) -> None:
+    """One broker, three runs. ``--topic-pattern`` with ``--kafka-value binary`` and ``maxOffsetsPerTrigger``: the
+    two matching topics (not the third) each record once, key and value the bytes written, and no batch of the
+    offset log over the limit. ``--kafka-value json`` with a nested, typed ``--schema``: every field typed as the
+    schema says; then a value that is not JSON fails the run (no row of nulls), naming the cause, and nothing more
+    is written."""
+    for topic, partitions in (("pat-a", 2), ("pat-b", 1), ("other", 1), ("typed", 2)):
+        broker.create_topic(topic, partitions)
+    text_records = {t: [(f"k{i % 7}-é", f"{t} v{i} €") for i in range(n)] for t, n in (("pat-a", 320), ("pat-b", 90))}
+    for topic, records in text_records.items():
+        broker.produce(topic, records)
+    broker.produce("other", _records(0, 40))
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    text = _drain(binary, broker, "", 2, "--topic-pattern", "pat-.*", "--kafka-value", "binary")
+    rows = _output(binary)
+    expected = Counter((t, p, o) for t in text_records for p, end in broker.end_offsets(t).items() for o in range(end))
+    assert _positions(rows) == expected
+    written = Counter((k.encode(), v.encode()) for records in text_records.values() for k, v in records)
+    assert Counter((r["key"], r["value"]) for r in rows) == written
+    assert all(isinstance(r["value"], bytes) and isinstance(r["key"], bytes) for r in rows)
+    sizes = _batch_sizes(binary / "state" / "checkpoint")
+    assert sum(sizes) == 410 and max(sizes) <= 150 and len(sizes) >= 3, sizes
+    assert "done:" in text
+
+    typed = tmp_path / "typed"
+    typed.mkdir()
+    schema = (
+        "--kafka-value",
+        "json",
+        "--schema",
+        "id bigint, amount double, tags array<string>, who struct<name: string, age: int>",
+    )
+    broker.produce("typed", [(f"k{i % 5}", _json_value(i)) for i in range(200)])
+    _drain(typed, broker, "typed", 2, *schema)
+    rows = _output(typed)
+    assert set(rows[0]) == {"key", "id", "amount", "tags", "who", "topic", "partition", "offset", "timestamp"}
+    got = Counter((r["key"], r["id"], r["amount"], tuple(r["tags"]), r["who"]["name"], r["who"]["age"]) for r in rows)
+    assert got == Counter((f"k{i % 5}", i, i / 4, (f"t{i % 3}", "x"), f"n{i}", i % 90) for i in range(200))
+    assert _positions(rows) == Counter(
+        ("typed", p, o) for p, end in broker.end_offsets("typed").items() for o in range(end)
+    )
+    broker.produce("typed", [("k1", _json_value(200)), ("k1", "not json {"), ("k1", _json_value(201))])
+    failed = _finish(_start(typed, broker, "typed", 2, "--available-now", *schema), typed, code=1)
+    assert "not JSON that --schema describes" in failed, failed[-3000:]
+    assert "--kafka-value string" in failed and "replace" not in failed, failed[-3000:]
+    assert Counter(r["id"] for r in _output(typed)) == Counter(range(200))
+
+
+def _last_offsets(checkpoint: Path) -> dict[int, int]:
+    """Partition -> end offset of the last batch Spark's checkpoint committed (one topic), {} before any."""
+    committed = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    if not committed:
+        return {}
+    offsets = json.loads((checkpoint / "offsets" / str(max(committed))).read_text().splitlines()[-1])
+    return {int(p): o for parts in offsets.values() for p, o in parts.items()}
+
+
+@pytest.mark.chaos
+def test_kafka_records_deleted_while_the_query_runs_are_reported(tmp_path: Path, broker: KafkaBroker) -> None:
+    """failOnDataLoss=false with a trigger interval: records of partition 0 are deleted (as retention does) while
+    the query is behind on them; Spark skips them, and ``filesink run`` says so, per batch and in all, with the
+    exact count of what the output lacks; a SIGTERM stops it (exit 0). Every record still held is in the output
+    once; the gap is exactly the deleted records the query had not read."""
+    broker.create_topic("shrinking", 2)
+    written = _records(0, 1000)
+    broker.produce("shrinking", written, batch_bytes=256)
+    ends = broker.end_offsets("shrinking")
+    lossy = ("--kafka-option", "failOnDataLoss=false", "--kafka-option", "maxOffsetsPerTrigger=40")
+    # Spark's consumer keeps what a fetch returned for the next batches: a small fetch, so that the records deleted
+    # are not in its buffer already (with Kafka's 1 MiB, it fetched the whole partition at the first batch)
+    fetch = ("--kafka-option", "kafka.max.partition.fetch.bytes=1024")
+    proc = _start(tmp_path, broker, "shrinking", 2, *lossy, *fetch)
+    checkpoint = tmp_path / "state" / "checkpoint"
+    wait_until(lambda: _commits(checkpoint) >= 2, BATCHES_DEADLINE, "two committed batches", proc=proc)
+    deleted_below = ends[0] - 30
+    broker.delete_records("shrinking", {0: deleted_below})
+    reached = _last_offsets(checkpoint)
+    assert reached[0] < deleted_below - 40, reached  # the query is still behind the deleted records
+    wait_until(lambda: _last_offsets(checkpoint) == ends, BATCHES_DEADLINE, "the end of the topic", proc=proc)
+    time.sleep(2.0)  # the run reads the last batch's progress
+    proc.send_signal(15)  # SIGTERM to the run alone: it stops the query, then Spark
+    text = _finish(proc, tmp_path)
+    assert "note: failOnDataLoss=false" in text and "stopped:" in text, text[-3000:]
+    _drain(tmp_path, broker, "shrinking", 2, *lossy)  # writes what the log store held at the stop
+    rows = _output(tmp_path)
+    held = _positions(rows)
+    assert max(held.values()) == 1
+    gap = sorted(o for o in range(ends[0]) if ("shrinking", 0, o) not in held)
+    assert gap and gap == list(range(gap[0], deleted_below)), gap[:5]
+    assert held == Counter(
+        ("shrinking", p, o) for p, end in ends.items() for o in range(end) if (p, o) not in {(0, g) for g in gap}
+    )
+    warned = [line for line in text.splitlines() if line.startswith("warning: batch ")]
+    assert warned and all("shrinking partition 0 offsets" in line for line in warned), text[-3000:]
+    counts = [
+        int(m.group(1).replace(",", "")) for m in (re.search(r": ([\d,]+) were no longer", w) for w in warned) if m
+    ]
+    assert len(counts) == len(warned) and sum(counts) == len(gap), warned
+    assert f"warning: {len(gap):,} records were no longer in Kafka" in text, text[-3000:]
+
+
+def test_kafka_options_of_a_topic_pattern_binary_values_and_a_batch_limit() -> None:
+    """What Spark's Kafka source is given (the end-to-end run is ``test_kafka_value_decodings_...``)."""
+    from filesink.cli import build_parser
+    from filesink.kafka_source import options_of, usage
+
+    args = build_parser().parse_args(
+        [
+            *("run", "--format", "kafka", "--output", "o", "--state-dir", "s", "--kafka-bootstrap", "h:1"),
+            *("--topic-pattern", "pat-.*", "--kafka-value", "binary"),
+            *("--kafka-option", "maxOffsetsPerTrigger=150", "--kafka-option", "failOnDataLoss=false"),
+        ]
+    )
+    assert usage(args) is None
+    kafka = options_of(args)
+    assert kafka is not None and kafka.value == "binary" and not kafka.fails_on_data_loss
+    assert kafka.source_options() == {
+        "kafka.bootstrap.servers": "h:1",
+        "subscribePattern": "pat-.*",
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": "150",
+        "failOnDataLoss": "false",
+    }

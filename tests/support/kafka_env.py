@@ -141,14 +141,17 @@ class KafkaBroker:
     def add_partitions(self, topic: str, partitions: int) -> None:
         self.tool("org.apache.kafka.tools.TopicCommand", "--alter", "--topic", topic, "--partitions", str(partitions))
 
-    def produce(self, topic: str, records: list[tuple[str, str]]) -> None:
+    def produce(self, topic: str, records: list[tuple[str, str]], batch_bytes: int | None = None) -> None:
         """Write keyed records (``key``, ``value``; neither holds a tab or a newline), acknowledged by the broker
-        (``acks=all``) when this returns; the default partitioner spreads the keys over the topic's partitions."""
+        (``acks=all``) when this returns; the default partitioner spreads the keys over the topic's partitions.
+        ``batch_bytes``: the producer's ``batch.size`` (small: a few records per record batch, so that a consumer
+        with a small fetch size does not hold a partition's records in its buffer at once)."""
         lines = "".join(f"{k}\t{v}\n" for k, v in records)
+        size = ("--producer-property", f"batch.size={batch_bytes}") if batch_bytes else ()
         self.tool(
             "org.apache.kafka.tools.ConsoleProducer",
             *("--topic", topic, "--property", "parse.key=true", "--property", "key.separator=\t"),
-            *("--producer-property", "acks=all", "--producer-property", "linger.ms=5"),
+            *("--producer-property", "acks=all", "--producer-property", "linger.ms=5", *size),
             stdin=lines,
         )
 
