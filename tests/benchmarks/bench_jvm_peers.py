@@ -69,6 +69,9 @@ LABELS = {
 }
 TABLE_FORMATS = {"ours": "directory", "ours-delta": "delta", "ours-iceberg": "iceberg"}
 SOURCES = ("parquet", "kafka")
+PRODUCE_ROWS = 500_000
+"""Rows written to the topic by one producer process (the broker's console producer, a JVM of its own)."""
+PRODUCE_DEADLINE = 900.0
 DEADLINE_SECONDS = 3600
 SAMPLE_SECONDS = 0.25
 
@@ -213,9 +216,13 @@ def kafka_input(work: Path, paths: list[Path], rows: int) -> tuple[Any, dict[str
     try:
         broker.create_topic(TOPIC, KAFKA_PARTITIONS)
         names = list(pq.read_schema(paths[0]).names)
-        for path in paths:
-            records = _normalized(pq.read_table(path), names).to_pylist()
-            broker.produce(TOPIC, [(str(r["user_id"]), json.dumps(r, separators=(",", ":"))) for r in records])
+        records: list[tuple[str, str]] = []
+        for i, path in enumerate(paths):  # one producer (a JVM) per PRODUCE_ROWS rows, not per file
+            rows_of_file = _normalized(pq.read_table(path), names).to_pylist()
+            records += [(str(r["user_id"]), json.dumps(r, separators=(",", ":"))) for r in rows_of_file]
+            if len(records) >= PRODUCE_ROWS or i == len(paths) - 1:
+                broker.produce(TOPIC, records, deadline=PRODUCE_DEADLINE)
+                records = []
         held = sum(broker.end_offsets(TOPIC).values())
         if held != rows:
             raise SystemExit(f"the topic {TOPIC} holds {held:,} records, not the input's {rows:,}")

@@ -141,7 +141,13 @@ class KafkaBroker:
     def add_partitions(self, topic: str, partitions: int) -> None:
         self.tool("org.apache.kafka.tools.TopicCommand", "--alter", "--topic", topic, "--partitions", str(partitions))
 
-    def produce(self, topic: str, records: list[tuple[str, str]], batch_bytes: int | None = None) -> None:
+    def produce(
+        self,
+        topic: str,
+        records: list[tuple[str, str]],
+        batch_bytes: int | None = None,
+        deadline: float = TOOL_DEADLINE,
+    ) -> None:
         """Write keyed records (``key``, ``value``; neither holds a tab or a newline), acknowledged by the broker
         (``acks=all``) when this returns; the default partitioner spreads the keys over the topic's partitions.
         ``batch_bytes``: the producer's ``batch.size`` (small: a few records per record batch, so that a consumer
@@ -153,6 +159,7 @@ class KafkaBroker:
             *("--topic", topic, "--property", "parse.key=true", "--property", "key.separator=\t"),
             *("--producer-property", "acks=all", "--producer-property", "linger.ms=5", *size),
             stdin=lines,
+            deadline=deadline,
         )
 
     def delete_records(self, topic: str, before: dict[int, int]) -> None:
