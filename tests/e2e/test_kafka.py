@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import kill, wait_until
 from kafka_env import KafkaBroker, kafka_home, start_broker
+from prometheus_client.parser import text_string_to_metric_families
 from spark_engines import engines_or_skip
 
 from filesink.cli import main
@@ -140,10 +142,18 @@ def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) 
     broker.create_topic("events", 3)
     written = _records(0, 400)
     broker.produce("events", written)
-    proc = _start(tmp_path, broker, "events", 2)
+    proc = _start(tmp_path, broker, "events", 2, "--metrics-port", "0")
     checkpoint = tmp_path / "state" / "checkpoint"
     wait_until(lambda: _commits(checkpoint) >= 2, BATCHES_DEADLINE, "two committed batches", proc=proc)
+    # the metrics cover a Kafka-fed run: the rows appended are at least those of the batches committed before the
+    # scrape, at most those of the batches planned after it (Spark's offset log: records from offset 0)
+    served = re.search(r"metrics: serving at (\S+)", (tmp_path / "run.log").read_text(errors="replace"))
+    assert served is not None
+    committed = sum(_batch_sizes(checkpoint)[: _commits(checkpoint)])
+    appended = _scrape(served.group(1))["rows_appended_total"]
+    planned = sum(_batch_sizes(checkpoint))
     kill(proc, group=True)
+    assert 0 < committed <= appended <= planned <= len(written)
     more = _records(400, 300)
     broker.produce("events", more)
     text = _drain(tmp_path, broker, "events", 3)
@@ -151,6 +161,18 @@ def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) 
     _check_exactly_once(rows, broker, "events", written + more)
     assert set(rows[0]) == {"key", "value", "topic", "partition", "offset", "timestamp"}
     assert "done:" in text
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """The sink's samples at ``url`` labelled by ``sink`` only, by name (without the ``filesink_`` prefix)."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        s.name.removeprefix("filesink_"): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if set(s.labels) == {"sink"}
+    }
 
 
 def _positions(rows: list[dict[str, Any]]) -> Counter[tuple[str, int, int]]:

@@ -62,7 +62,7 @@ OWN_GROUPS = ("io.delta", "org.apache.iceberg", "software.amazon.awssdk")
 """Jars of these groups are kept even where pyspark has a jar of the same artifact name (the SDK's ``annotations``
 is not Spark's)."""
 PINS = (f"pyspark=={PYSPARK}", *ARTIFACTS)
-EXTRAS = ("delta", "iceberg")
+EXTRAS = ("delta", "iceberg", "metrics")
 """The project's extras installed beside its dependencies: the sink itself runs in this Spark too (its Kafka
 source, the JVM peers' benchmarks), from the checkout (``PYTHONPATH``), with pyspark held at :data:`PYSPARK`."""
 
