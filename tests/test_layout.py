@@ -17,6 +17,12 @@ PACKAGES = ("logstore", "filesink", "recovery")
 TOP = {
     "filesink",
     "filesink.sink",
+    "filesink.sinkcore",
+    "filesink.start",
+    "filesink.batch",
+    "filesink.append",
+    "filesink.roll",
+    "filesink.connect",
     "filesink.description",
     "filesink.run",
     "filesink.runconfig",
@@ -30,8 +36,11 @@ TOP = {
     "filesink.kafka_source",
     "filesink.__main__",
 }
-"""The layer above recovery: the sink object (it runs recovery at start-up; the package's ``__init__`` is its public
-face), where a sink opens (its description, under Spark Connect), the commands and what only they use."""
+"""The layer above recovery: the sink object, its face and its roles (its start runs recovery; the package's
+``__init__`` is its public face), where a sink opens (its description, under Spark Connect), the commands and what
+only they use."""
+ROLES = ("filesink.start", "filesink.batch", "filesink.append", "filesink.roll")
+"""The sink's roles: the face (``filesink.sink``) inherits their steps, each over the state of ``filesink.sinkcore``."""
 DEMO = "filesink.demo"
 OUTPUT = "filesink.output"
 STORAGE_CLIENTS = ("s3fs", "fsspec", "botocore", "aiobotocore")
@@ -102,11 +111,31 @@ def test_the_commit_path_does_not_import_recovery():
     """Only the sink's start-up runs recovery: every module the per-epoch path uses stays below it."""
     for module in ("filesink.planner", "filesink.ledger", "filesink.writer", "filesink.backlog", OUTPUT):
         assert not any(_within(m, "recovery") for m in _imports(module)), module
-    sink = ast.parse(MODULES["filesink.sink"].read_text())
-    rolls = [n for n in ast.walk(sink) if isinstance(n, ast.FunctionDef) and n.name in ("_roll", "_roll_steps")]
+    roll = ast.parse(MODULES["filesink.roll"].read_text())
+    rolls = [n for n in ast.walk(roll) if isinstance(n, ast.FunctionDef) and n.name in ("_roll", "_roll_steps")]
     assert len(rolls) == 2
     called = {n.func.id for r in rolls for n in ast.walk(r) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert not called & {"apply_recovery", "plan_recovery"}
+
+
+def test_only_the_sinks_start_imports_recovery():
+    """Of the sink's modules, its start runs recovery; the face, the core, the other roles and the open sinks of a
+    process (Spark Connect) do not import it."""
+    sinks = ("filesink.sink", "filesink.sinkcore", *ROLES, "filesink.connect")
+    importing = sorted(m for m in sinks if any(_within(i, "recovery") for i in _imports(m)))
+    assert importing == ["filesink.start"]
+
+
+def test_the_face_imports_the_roles_and_each_role_the_core_only():
+    """The face inherits every role; a role reads the sink's state through ``filesink.sinkcore``, never through the
+    face or another role; ``filesink.connect`` knows the sink only as what the face hands it."""
+    assert set(ROLES) | {"filesink.connect", "filesink.sinkcore"} <= _imports("filesink.sink")
+    sinks = {"filesink.sink", *ROLES, "filesink.connect"}
+    for module in ROLES:
+        assert "filesink.sinkcore" in _imports(module), module
+        assert not sinks & (_imports(module) - {module}), module
+    assert not (sinks | {"filesink.sinkcore"}) & _imports("filesink.connect")
+    assert not sinks & _imports("filesink.sinkcore")
 
 
 def test_the_two_command_lines_do_not_import_each_other_both_ways():

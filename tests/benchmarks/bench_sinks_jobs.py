@@ -54,11 +54,11 @@ class OurSinkBatches:
     """foreachBatch: our sink, recording when each batch ended and why each file was rolled."""
 
     def __init__(self, spec: dict[str, Any], ends: list[dict[str, Any]]) -> None:
-        import filesink.sink as sink_module
+        import filesink.roll as roll_module
         from filesink import ExactlyOnceParquetSink, Rollover
 
         self.reasons: dict[str, str] = {}
-        original_plan = sink_module.plan  # type: ignore[attr-defined]
+        original_plan = roll_module.plan  # type: ignore[attr-defined]
 
         def recording_plan(*args: Any, **kwargs: Any) -> Any:  # the benchmark's own hook: notes each file's reason
             files, idle = original_plan(*args, **kwargs)
@@ -66,7 +66,7 @@ class OurSinkBatches:
                 self.reasons[f.name] = f.reason
             return files, idle
 
-        sink_module.plan = recording_plan  # type: ignore[attr-defined]
+        roll_module.plan = recording_plan  # type: ignore[attr-defined]
         self.sink = ExactlyOnceParquetSink(
             spec["output"],
             spec["state"],

@@ -36,12 +36,13 @@ def _steps() -> list[tuple[Any, list[str]]]:
     """The timed steps: the batch, its append job and its roll (plan, with the sample encodes of a new sink;
     pre-commit; the file-writing job; commit), seal and garbage collection."""
     import filesink.ledger
+    import filesink.roll
     import filesink.sink
     import logstore.store
 
     return [
         (filesink.sink.ExactlyOnceParquetSink, ["__call__", "_append", "_roll", "_plan", "_write"]),
-        (filesink.sink, ["sample_ratio"]),
+        (filesink.roll, ["sample_ratio"]),
         (logstore.store.LogStore, ["seal", "collect_garbage"]),
         (filesink.ledger.Ledger, ["precommit", "commit"]),
     ]

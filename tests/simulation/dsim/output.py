@@ -5,7 +5,7 @@ publishes through its term's staging: the publish is a scheduling point, then at
 fenced the term (renamed its staging away), as a rename out of a renamed directory does. Before publishing, the
 writer runs the real writer-side fence check (:class:`filesink.output.Fence`).
 
-:func:`patched` routes the output functions that :mod:`recovery.resolve` and :mod:`filesink.sink` call to this
+:func:`patched` routes the output functions that :mod:`recovery.resolve` and the sink's roles call to this
 model when the output passed is a :class:`ModelOutput` (any other output goes to the real function), gives the
 product modules simulated time, and makes ``uuid.uuid4`` seeded, for the length of one run.
 """
@@ -114,7 +114,7 @@ MODEL: dict[str, Callable[..., Any]] = {
     "remove_failed_attempts": lambda out, *a, **k: 0,
     "write_file": lambda out, task, *a, **k: out.write(task),
 }
-ROUTED = ("recovery.resolve", "filesink.sink")
+ROUTED = ("recovery.resolve", "filesink.sink", "filesink.start", "filesink.roll")
 """Modules whose output calls are routed (the names they imported that :data:`MODEL` knows)."""
 PRODUCT = ("logstore", "filesink", "recovery")
 MIGRATING = ("logstore.store", "filesink.ledger")
