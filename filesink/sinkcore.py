@@ -93,6 +93,7 @@ class SinkCore:
     """The state a sink object holds, set by its start (:mod:`filesink.start`) and read by its roles; and the few
     steps more than one role takes."""
 
+    # What the description says, set even where the sink is not open (a Spark Connect client): _describe.
     _description: SinkDescription
     _is_open: bool
     _closed: bool
@@ -106,6 +107,7 @@ class SinkCore:
     stats: SinkStats
     _checkpoint_id: str | None
     _spark: Any
+    # Set by the start (filesink.start), in the process the sink opens in.
     _metrics: MetricsBook
     _metrics_server: MetricsServer | None
     _row_group_rows: int
@@ -127,6 +129,7 @@ class SinkCore:
     _shared: SharedDirs | None
     _probed: bool
     _backlog: BacklogTracker
+    # The idle-rollover timer (filesink.roll).
     _stop: threading.Event
     _timer: threading.Thread | None
     _timer_error: BaseException | None
