@@ -7,8 +7,12 @@ after the query has planned and read its first batch. :func:`start_python_worker
 per core in a daemon thread, right before the query starts: the workers start while the query plans, and Spark
 reuses them (``spark.python.worker.reuse``, on by default) for the append.
 
-Nothing waits for it and nothing depends on it: if it fails (the session stops, the cluster has no free cores),
-the first append starts the workers, as it would without it.
+Nothing waits for it and nothing depends on it: if it fails (the session stops), the first append starts the
+workers, as it would without it.
+
+Only under a ``local`` master. On a cluster the sink's first Python job is its probe of the executors
+(:func:`filesink.shared.probe`), which starts the workers anyway, and which counts on idle executors to spread its
+tasks over every one of them: a warm-up job holding some cores at that moment could leave an executor unprobed.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .shared import on_cluster
+
 log = logging.getLogger(__name__)
 
 
@@ -27,8 +33,11 @@ def _pass_through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
     yield from batches
 
 
-def start_python_workers(spark: Any, tasks: int) -> threading.Thread:
-    """Start a job of ``tasks`` one-row tasks through ``mapInArrow`` in a daemon thread, and return the thread."""
+def start_python_workers(spark: Any, tasks: int) -> threading.Thread | None:
+    """Start a job of ``tasks`` one-row tasks through ``mapInArrow`` in a daemon thread, and return the thread; on a
+    cluster, nothing (None: see the module's docstring)."""
+    if on_cluster(spark):
+        return None
 
     def run() -> None:
         try:

@@ -31,6 +31,7 @@ def _started(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 def main() -> None:
     spark = local_spark("warmup-job", cores=2)
     warm = start_python_workers(spark, 2)
+    assert warm is not None  # a local master
     warm.join(float(sys.argv[1]))
     submitted = _since_boot()
     rows = spark.range(0, 2, 1, 2).mapInArrow(_started, "pid long, started double").collect()

@@ -24,6 +24,7 @@ from filesink.description import SinkDescription
 from filesink.destination import DirectoryDestination, TableOptions
 from filesink.errors import FileSinkError
 from filesink.ledger import Ledger, PlannedFile
+from filesink.metrics import MetricsBook
 from filesink.planner import file_task
 from filesink.rollover import Rollover
 from filesink.sink import ExactlyOnceParquetSink, SinkStats
@@ -143,6 +144,8 @@ class Driver:
             _take_over_from=None,
             _accept_duplicates=False,
             _created_claim=False,
+            _metrics=MetricsBook(),
+            _metrics_server=None,
         )
         sink._recover()
         sink.stats = SinkStats(last_epoch=store.last_sealed_epoch)
