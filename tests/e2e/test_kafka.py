@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import kill, wait_until
 from kafka_env import KafkaBroker, kafka_home, start_broker
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_scrape import sink_samples
 from spark_engines import engines_or_skip
 
 from filesink.cli import main
@@ -150,7 +149,7 @@ def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) 
     served = re.search(r"metrics: serving at (\S+)", (tmp_path / "run.log").read_text(errors="replace"))
     assert served is not None
     committed = sum(_batch_sizes(checkpoint)[: _commits(checkpoint)])
-    appended = _scrape(served.group(1))["rows_appended_total"]
+    appended = sink_samples(served.group(1))["rows_appended_total"]
     planned = sum(_batch_sizes(checkpoint))
     kill(proc, group=True)
     assert 0 < committed <= appended <= planned <= len(written)
@@ -161,18 +160,6 @@ def test_kafka_exactly_once_through_a_kill(tmp_path: Path, broker: KafkaBroker) 
     _check_exactly_once(rows, broker, "events", written + more)
     assert set(rows[0]) == {"key", "value", "topic", "partition", "offset", "timestamp"}
     assert "done:" in text
-
-
-def _scrape(url: str) -> dict[str, float]:
-    """The sink's samples at ``url`` labelled by ``sink`` only, by name (without the ``filesink_`` prefix)."""
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        text = answer.read().decode()
-    return {
-        s.name.removeprefix("filesink_"): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if set(s.labels) == {"sink"}
-    }
 
 
 def _positions(rows: list[dict[str, Any]]) -> Counter[tuple[str, int, int]]:

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -18,25 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import communicate, kill, run, wait_for_line, wait_until
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_scrape import sink_samples
 from run_helpers import FAST_START
 from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
 
 from logstore.failpoints import DIR_VAR, ENV_VAR, FIRED_LOG
 
 FIGURES = ("rows_committed_total", "files_committed_total", "bytes_committed_total")
-
-
-def _scrape(url: str) -> dict[str, float]:
-    """The sink's unlabelled-but-``sink`` samples at ``url``, by name (without the ``filesink_`` prefix)."""
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        text = answer.read().decode()
-    return {
-        s.name.removeprefix("filesink_"): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if set(s.labels) == {"sink"}
-    }
 
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
@@ -107,7 +94,7 @@ def test_counters_over_a_kill_and_a_restart_add_up_to_the_output(tmp_path):
     try:
         line = wait_for_line(proc, lambda text: "metrics: serving at" in text, 120, "the metrics notice", skip=True)
         url = _url(_records(line))
-        first = _scrape(url)
+        first = sink_samples(url)
         assert first["rows_appended_total"] == 0 and first["rows_committed_total"] == 0, first
         term = first["writer_term"]
 
@@ -115,7 +102,7 @@ def test_counters_over_a_kill_and_a_restart_add_up_to_the_output(tmp_path):
             return fired.exists() and "filesink.commit.before" in fired.read_text().removeprefix(seen_before)
 
         wait_until(hung, 240, "run 1 to reach the hanging commit", proc=proc)
-        run1 = _scrape(url)  # the hung run's last figures: nothing more is committed before the kill
+        run1 = sink_samples(url)  # the hung run's last figures: nothing more is committed before the kill
         assert run1["pending_files"] > 0, run1
         assert run1["files_committed_total"] > 0, "the first roll committed files"
         assert run1["rows_appended_total"] > run1["rows_committed_total"], run1
@@ -136,7 +123,7 @@ def test_counters_over_a_kill_and_a_restart_add_up_to_the_output(tmp_path):
     )
     try:
         line = wait_for_line(proc, lambda text: "metrics: serving at" in text, 120, "the metrics notice", skip=True)
-        start2 = _scrape(_url(_records(line)))  # before Spark has started: the figures at the start
+        start2 = sink_samples(_url(_records(line)))  # before Spark has started: the figures at the start
         out2, err2 = communicate(proc, 300, "run 2 to finish")
     finally:
         kill(proc, group=True)
