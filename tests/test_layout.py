@@ -41,8 +41,15 @@ TOP = {
 only they use."""
 ROLES = ("filesink.start", "filesink.batch", "filesink.append", "filesink.roll")
 """The sink's roles: the face (``filesink.sink``) inherits their steps, each over the state of ``filesink.sinkcore``."""
+RECOVER_COMMAND = ("recovery.cli", "recovery.__main__", "recovery.commands", "recovery.move", "recovery.render_text")
+"""``filesink recover``'s parser, its steps and their text, on the commands' layer; what they share with other
+clients of recovery (opening a sink, the owner lease, the JSON shapes) stays on recovery's."""
+RENDERERS = ("recovery.render_text", "recovery.render_json")
+"""What ``recover`` prints: made from what the steps computed, opening nothing."""
 DEMO = "filesink.demo"
 OUTPUT = "filesink.output"
+OPENERS = ("logstore.store", "logstore.statedb", "logstore.storage", "logstore.home", "filesink.lock", OUTPUT)
+"""The modules that open a store, take its lock or read its records (the stores' owners)."""
 STORAGE_CLIENTS = ("s3fs", "fsspec", "botocore", "aiobotocore")
 LOG_TABLES = re.compile(
     r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(log_(?:store|epochs|segments|segment_vnodes|vnodes|given_up))\b",
@@ -84,7 +91,7 @@ def _imports(module: str) -> set[str]:
 def _layer(module: str) -> int:
     if module.startswith("logstore"):
         return 0
-    if module in TOP or module.startswith(DEMO) or module == "recovery.cli" or module == "recovery.__main__":
+    if module in TOP or module.startswith(DEMO) or module in RECOVER_COMMAND:
         return 3
     if module.startswith("recovery"):
         return 2
@@ -140,7 +147,27 @@ def test_the_face_imports_the_roles_and_each_role_the_core_only():
 
 def test_the_two_command_lines_do_not_import_each_other_both_ways():
     assert "recovery.cli" in _imports("filesink.cli")
-    assert not any(_within(m, "filesink.cli") for m in _imports("recovery.cli"))
+    for module in (m for m in MODULES if _within(m, "recovery")):
+        assert not any(_within(m, "filesink.cli") for m in _imports(module)), module
+
+
+@pytest.mark.parametrize("module", RENDERERS)
+def test_what_recover_prints_opens_nothing(module):
+    """``recover``'s text and JSON are made from what its steps read: the renderers import no module that opens a
+    store, takes its lock or reads it, no step, and of the ledger and the log store only their records' types."""
+    assert module in MODULES
+    ours = _imports(module)
+    opened = sorted(m for m in ours if any(_within(m, o) for o in OPENERS) or m == "sqlite3")
+    assert opened == [], f"{module} imports {opened}; the steps read the stores"
+    steps = {"recovery.opening", "recovery.lease", "recovery.commands", "recovery.move", "recovery.cli"}
+    assert not steps & ours, f"{module} imports {sorted(steps & ours)}"
+    records = {"PlannedFile", "SchemaVersion", "DamagedSegment", "GivenUp"}
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            assert not {a.name for a in node.names} & {"logstore", "filesink.ledger"}, module
+        elif isinstance(node, ast.ImportFrom) and node.module in ("logstore", "filesink.ledger"):
+            taken = {a.name for a in node.names}
+            assert taken <= records, f"{module} takes {sorted(taken - records)} from {node.module}"
 
 
 MODULES_ONLY = sorted(m for m, path in MODULES.items() if path.name != "__init__.py")
