@@ -2,13 +2,17 @@
 the output's owner only). The ``filesink`` command (:mod:`filesink.cli`) adds these steps as its ``recover``
 command; ``python -m recovery STEP`` runs them on their own. This module never imports :mod:`filesink.cli`.
 
+This module holds the parser and the dispatch; the steps are in :mod:`recovery.commands` and
+:mod:`recovery.move`, the sink they open in :mod:`recovery.opening`, what they print in :mod:`recovery.render_text`
+and :mod:`recovery.render_json`.
+
 ``status`` and ``plan`` open the state database read-only; ``apply`` takes the state directory's lock. Without a
 state database (``--log-store URL``, the state directory lost), the state is rebuilt from the durable home: in
 memory for ``status`` and ``plan``, into the state directory (if one is given) for ``apply``.
 
 A sink that writes a table (Delta, Iceberg) has its destination opened from its recorded table format and table,
 with the catalog properties given as ``--catalog KEY=VALUE`` (never recorded: they may hold secrets); the table
-alone says which pending files it holds (:func:`open_table`).
+alone says which pending files it holds (:func:`recovery.opening.open_table`).
 
 Exit codes: 0 done (or nothing to do), 1 failed, 2 bad usage, 3 a live query holds the sink, 4 not a sink's
 state directory, 5 damaged log segments block the sink (``apply`` without ``--drop-damaged``). ``health``

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from filesink import s3options
@@ -18,12 +17,11 @@ from filesink.output.claim import check_claim
 from filesink.output.probe import check_s3
 from filesink.planner import writer_ranges
 from filesink.progress import plural
-from logstore import LogStore
 from logstore.storage import is_local
 
 from . import health
 from .lease import check_no_live_owner, lease_assumption
-from .opening import OpenSink, open_sink, open_table, storage_options_of
+from .opening import OpenSink, open_step, open_table
 from .render_json import damaged_json, file_json, given_up_json, plan_json, schema_json
 from .render_text import file_progress, print_plan, print_status, verify_progress
 from .resolve import apply_recovery, plan_recovery, recorded_sizes, resolution
@@ -135,12 +133,8 @@ def _rebuilt_line(sink: OpenSink) -> str:
 
 
 def run_recover(args: argparse.Namespace) -> int:
-    state_dir = Path(args.state_dir).absolute() if args.state_dir else None
-    options = storage_options_of(args)
-    log_store = args.log_store or (LogStore.recorded_location(state_dir) if state_dir is not None else None)
-    if log_store is not None and not is_local(log_store):  # the same checks and messages as `filesink run`'s
-        check_s3(log_store, options, "log store")
-    sink = open_sink(state_dir, options, readonly=args.command != "apply", log_store=args.log_store)
+    sink, options = open_step(args, readonly=args.command != "apply")
+    state_dir = sink.state_dir
     if not is_local(sink.output.url):
         try:
             check_s3(sink.output.url, options, "output")
@@ -221,12 +215,7 @@ def _health_of(sink: OpenSink, args: argparse.Namespace) -> health.Health:
 def run_health(args: argparse.Namespace) -> int:
     """``recover health``: the state opened read-only (or rebuilt in memory from the durable home), checked by
     :func:`recovery.health.check`; the exit code says which reasons hold."""
-    state_dir = Path(args.state_dir).absolute() if args.state_dir else None
-    options = storage_options_of(args)
-    log_store = args.log_store or (LogStore.recorded_location(state_dir) if state_dir is not None else None)
-    if log_store is not None and not is_local(log_store):
-        check_s3(log_store, options, "log store")
-    sink = open_sink(state_dir, options, readonly=True, log_store=args.log_store)
+    sink, _ = open_step(args, readonly=True)
     try:
         found = _health_of(sink, args)
     finally:

@@ -12,6 +12,7 @@ from typing import Any
 from filesink.destination import Destination, TableFormat, open_destination, table_options
 from filesink.ledger import Ledger, PlannedFile
 from filesink.output import OutputLocation
+from filesink.output.probe import check_s3
 from filesink.planner import file_task
 from filesink.s3options import from_args, with_remembered
 from filesink.writer import FileTask
@@ -105,6 +106,18 @@ def open_sink(
     except BaseException:
         store.close()
         raise
+
+
+def open_step(args: argparse.Namespace, *, readonly: bool) -> tuple[OpenSink, dict[str, Any]]:
+    """The sink a step's ``--state-dir`` and ``--log-store`` name, and the S3 settings it was opened with
+    (:func:`storage_options_of`); a log store on S3 is checked first, with the same checks and messages as
+    ``filesink run``'s."""
+    state_dir = Path(args.state_dir).absolute() if args.state_dir else None
+    options = storage_options_of(args)
+    log_store = args.log_store or (LogStore.recorded_location(state_dir) if state_dir is not None else None)
+    if log_store is not None and not is_local(log_store):
+        check_s3(log_store, options, "log store")
+    return open_sink(state_dir, options, readonly=readonly, log_store=args.log_store), options
 
 
 def open_table(sink: OpenSink, catalog: dict[str, str], step: argparse.ArgumentParser) -> Destination:

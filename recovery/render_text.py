@@ -32,6 +32,7 @@ def _table(headers: Sequence[str], rows: list[Sequence[Any]]) -> str:
 
 
 def verify_progress(done: int, total: int) -> None:
+    """On stderr: how many of the log segments the sink still needs were read and checked (each 100th, the last)."""
     if done == total or done % 100 == 0:
         print(f"verified {done}/{total} log segments", file=sys.stderr, flush=True)
 
@@ -277,4 +278,5 @@ def print_plan(p: dict[str, Any], done: bool) -> None:
 
 
 def file_progress(done: int, total: int, r: Resolution) -> None:
+    """On stderr: which pending file ``apply`` resolved, and how."""
     print(f"[{done}/{total}] {r.file.name}: {r.action.value}", file=sys.stderr, flush=True)
