@@ -46,6 +46,21 @@ RECOVER_COMMAND = ("recovery.cli", "recovery.__main__", "recovery.commands", "re
 clients of recovery (opening a sink, the owner lease, the JSON shapes) stays on recovery's."""
 RENDERERS = ("recovery.render_text", "recovery.render_json")
 """What ``recover`` prints: made from what the steps computed, opening nothing."""
+LOG_STORE = "logstore.store"
+"""``LogStore``, the class users and the sink construct: its opening, its claims, the writer term."""
+LOG_STORE_CORE = "logstore.storecore"
+LOG_STORE_ROOMS = (
+    "logstore.seal",
+    "logstore.reads",
+    "logstore.damaged",
+    "logstore.truncation",
+    "logstore.garbage",
+    "logstore.rebuild",
+    "logstore.backlog",
+)
+"""The log store's rooms: ``LogStore`` inherits their steps, each over the state of ``logstore.storecore``."""
+LOG_TABLE_OWNERS = {"logstore.statedb", LOG_STORE, LOG_STORE_CORE, *LOG_STORE_ROOMS}
+"""Who names the ``log_*`` tables: the database's migrations and ``LogStore`` (its core and its rooms)."""
 DEMO = "filesink.demo"
 OUTPUT = "filesink.output"
 OPENERS = ("logstore.store", "logstore.statedb", "logstore.storage", "logstore.home", "filesink.lock", OUTPUT)
@@ -200,10 +215,23 @@ def test_only_the_owners_use_a_storage_client(module):
     assert clients == [], f"{module} imports {clients}; go through filesink.output or logstore.storage"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("logstore")))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in LOG_TABLE_OWNERS))
 def test_the_log_tables_are_read_through_the_log_store_only(module):
     found = sorted(set(LOG_TABLES.findall(MODULES[module].read_text())))
     assert found == [], f"{module} names the log store's tables {found}; use a LogStore method"
+
+
+def test_the_log_store_is_its_face_over_rooms_over_a_core():
+    """``LogStore`` (``logstore.store``) inherits every room; a room reads the store's state through
+    ``logstore.storecore``, never through the face or another room (garbage collection builds on truncation: it
+    publishes the truncate points before a sweep); the core imports no room."""
+    assert {*LOG_STORE_ROOMS, LOG_STORE_CORE} <= _imports(LOG_STORE)
+    store = {LOG_STORE, *LOG_STORE_ROOMS}
+    allowed = {"logstore.garbage": {"logstore.truncation"}}
+    for module in LOG_STORE_ROOMS:
+        assert {LOG_STORE_CORE, *allowed.get(module, ())} & _imports(module), module
+        assert store & (_imports(module) - {module}) == allowed.get(module, set()), module
+    assert not store & _imports(LOG_STORE_CORE)
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
