@@ -203,6 +203,9 @@ def _report(report: Report, figures: dict[str, object], capsys: pytest.CaptureFi
 
 
 @pytest.mark.slow
+# The chaos tier's: the default tier keeps a restart through Connect (tests/e2e/test_connect.py) and the classic
+# kill campaigns of the same sink (tests/e2e/test_sink_kills.py).
+@pytest.mark.chaos
 @pytest.mark.timeout(600)  # 132-199 s measured on a busy 2-core machine
 def test_connect_server_and_client_kills_at_random_moments(tmp_path, servers, clients, capsys, request):
     """Seed 47 kills the client twice (each restart on the same server stops the run the killed client left), then

@@ -361,6 +361,9 @@ def _run_campaigns(campaigns: Sequence[Campaign], fault_proxy, began: float, tit
 
 
 @pytest.mark.slow
+# The chaos tier's: the default tier keeps each fault above alone (a lost Complete or Abort answer, errors after
+# retries, orphan uploads) and the failpoint matrix's raise, hang and kill at each step of an upload to S3.
+@pytest.mark.chaos
 def test_campaign(s3_server, s3_prefix, tmp_path, fault_proxy, proxy_options):
     began = time.monotonic()
     options = with_retries(proxy_options, CAMPAIGN_RETRIES)
