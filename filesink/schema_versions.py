@@ -43,7 +43,7 @@ class NewVersion:
 
 @dataclass(frozen=True)
 class SchemaTaken:
-    """A new schema version a sink took at a batch (:attr:`filesink.sink.SinkStats.schema_changes`)."""
+    """A new schema version a sink took at a batch (:attr:`filesink.sinkcore.SinkStats.schema_changes`)."""
 
     epoch: int
     version: int
