@@ -80,7 +80,7 @@ class Backlog(StoreCore):
     @db_errors("list the sealed epochs")
     def sealed_epochs(self) -> list[int]:
         """Sealed epochs still recorded (epochs below every truncate point are pruned by garbage collection)."""
-        return [r[0] for r in self.db.execute("SELECT epoch FROM log_epochs ORDER BY epoch")]
+        return self._held_epochs()
 
     @db_errors("read the backlog")
     def backlog(self) -> list[VnodeBacklog]:

@@ -124,9 +124,6 @@ class Rebuild(StoreCore):
         self.db.execute("DELETE FROM log_segments WHERE epoch = ?", (epoch,))
         self.db.execute("DELETE FROM log_epochs WHERE epoch = ?", (epoch,))
 
-    def _held_epochs(self) -> list[int]:
-        return [r[0] for r in self.db.execute("SELECT epoch FROM log_epochs ORDER BY epoch")]
-
     def _epoch_rows(self, epoch: int) -> tuple[list[SegmentDescriptor], float]:
         """What the database holds of a sealed epoch, as descriptors (the inverse of :meth:`_insert_epoch`)."""
         sealed_at = self.db.execute("SELECT sealed_at FROM log_epochs WHERE epoch = ?", (epoch,)).fetchone()[0]

@@ -68,6 +68,10 @@ class StoreCore:
         value: int = self.db.execute("SELECT last_sealed_epoch FROM log_store").fetchone()[0]
         return value
 
+    def _held_epochs(self) -> list[int]:
+        """The sealed epochs recorded, in order (callers translate the database's errors)."""
+        return [r[0] for r in self.db.execute("SELECT epoch FROM log_epochs ORDER BY epoch")]
+
     @db_errors("read the truncate points")
     def truncate_points(self) -> dict[int, int]:
         return dict(self.db.execute("SELECT vnode, truncated_epoch FROM log_vnodes ORDER BY vnode").fetchall())
