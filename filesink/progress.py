@@ -18,6 +18,7 @@ from logstore import LogStore, LogStoreError
 from recovery.resolve import Action, RecoveryPlan
 
 from .sink import SinkStats
+from .words import plural, size
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,6 @@ def held(state_dir: Path) -> Held:
         return Held(*store.held_totals())
     finally:
         store.close()
-
-
-def size(n: float) -> str:
-    """``n`` bytes in binary units: ``812 B``, ``3.4 KiB``, ``128.0 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def files_line(sizes: list[int], objects: int | None = None) -> str:
@@ -169,10 +161,3 @@ class Progress:
         table.add_row("files committed", committed_line(s.file_sizes, s.objects, self.recovered))
         table.add_row("running", f"{time.monotonic() - self.started:,.0f} s")
         return Panel(table, title=self.title, expand=False)
-
-
-def plural(n: int, noun: str) -> str:
-    """``n`` and the noun, plural unless ``n`` is 1 (batches, epochs, files)."""
-    if n == 1:
-        return f"{n:,} {noun}"
-    return f"{n:,} {noun}es" if noun.endswith(("tch", "sh", "ss", "x")) else f"{n:,} {noun}s"

@@ -35,12 +35,13 @@ from .damage import given_up_line
 from .errors import EXIT_OK, InputError
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
 from .preflight import check_input, check_master, check_named_columns, check_s3, ddl_columns, make_local_dir
-from .progress import Progress, committed_line, held, plural, recovered_commits, rows_line
+from .progress import Progress, committed_line, held, recovered_commits, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
 from .sink import START_NOTICE, ExactlyOnceParquetSink
 from .sourcelog import check_replay
 from .warmup import start_python_workers
+from .words import plural
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from filesink.output import records
 from filesink.output.claim import check_claim
 from filesink.output.probe import check_s3
 from filesink.planner import writer_ranges
-from filesink.progress import plural
+from filesink.words import plural
 from logstore.storage import is_local
 
 from . import health

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from filesink.destination import TableFormat
-from filesink.progress import plural
+from filesink.words import plural
 
 from .resolve import Action, Resolution
 

@@ -46,7 +46,7 @@ from ..errors import EXIT_FAILED, FileSinkError
 from ..output import OutputLocation, list_objects
 from ..output.location import filesystem
 from ..output.naming import file_of
-from ..progress import size
+from ..words import size
 
 JOB_DEADLINE = 900.0
 """Seconds one run of the demo's job may take before the demo kills it and fails (a wedged job must not hang)."""
