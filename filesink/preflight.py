@@ -6,8 +6,8 @@ names the file, directory or endpoint, and before anything is written.
 - :func:`check_s3` (:mod:`filesink.output.probe`): an ``s3://`` location's endpoint answers, accepts the
   credentials and has the bucket.
 - :func:`check_master`: a ``spark://`` master accepts connections.
-- :func:`make_local_dir`: a local directory the sink needs (output, state directory, log store) is one, or can be
-  created; the sink's constructor uses it too.
+- a local directory the sink needs (output, state directory, log store) is checked by :mod:`filesink.localdirs`,
+  which the sink's constructor uses too.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from logstore.storage import ensure_dir
-
 from .errors import InputError, SinkOptionError, SparkMasterError
 from .inputschema import MergedInput, merge_footers, read_footer
 from .output import check_s3
 
-__all__ = ["FORMATS", "InputFiles", "check_input", "check_master", "check_s3", "input_files", "make_local_dir"]
+__all__ = ["FORMATS", "InputFiles", "check_input", "check_master", "check_s3", "input_files"]
 
 FORMATS = ("parquet", "json", "csv")
 
@@ -101,31 +99,6 @@ def check_master(url: str, timeout: float = 5.0) -> None:
     raise SparkMasterError(
         f"cannot reach the Spark master {url} ({'; '.join(problems)}). Check --master and that the master is running."
     )
-
-
-def make_local_dir(path: Path, what: str, *, create: bool = True) -> None:
-    """Create the local directory ``path`` (and its parents) unless it exists (only check, without ``create``);
-    ``what`` names it in messages (``the output path``, ``state_dir``). Raises :class:`SinkOptionError` naming the
-    path if it, or one of its parents, is a file (or anything but a directory), or if it cannot be created."""
-    for place in (path, *path.parents):
-        if place.is_dir():
-            break
-        if place.exists() or place.is_symlink():
-            kind = "a file" if place.is_file() else "not a directory" if place.exists() else "a broken symbolic link"
-            problem = f"is {kind}, not a directory" if place == path else f"cannot be created: {place} is {kind}"
-            raise SinkOptionError(
-                f"{what} {path} {problem}. Nothing was written. Give a directory there, or move {place} out of the "
-                "way, and start again."
-            )
-    if not create:
-        return
-    try:
-        ensure_dir(path)
-    except OSError as e:
-        raise SinkOptionError(
-            f"{what} {path} cannot be created: {e.strerror or e}. Nothing was written. Check the permissions of "
-            f"{path.parent} (or create {path} yourself) and start again."
-        ) from e
 
 
 def ddl_columns(ddl: str) -> list[str]:

@@ -34,7 +34,8 @@ from . import sink as sink_module
 from .damage import given_up_line
 from .errors import EXIT_OK, InputError
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
-from .preflight import check_input, check_master, check_named_columns, check_s3, ddl_columns, make_local_dir
+from .localdirs import make_local_dir
+from .preflight import check_input, check_master, check_named_columns, check_s3, ddl_columns
 from .progress import Progress, committed_line, held, recovered_commits, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch

@@ -29,12 +29,12 @@ from .damage import given_up_line
 from .destination import TableFormat, open_destination
 from .errors import OutputClaimedError, SinkOptionError, TableFormatError
 from .ledger import Ledger
+from .localdirs import make_local_dir
 from .lock import StateLock
 from .metrics import MetricsBook
 from .metrics_http import serve
 from .output import CLAIM_NAME, OutputLocation, claim_output, prepare_staging
 from .output.location import OUTPUT_STAGING
-from .preflight import make_local_dir
 from .s3options import remember
 from .shared import shared_dirs
 from .sinkcore import START_NOTICE, STATE_NAMES, SinkCore, SinkStats, listdir, log
