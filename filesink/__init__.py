@@ -37,14 +37,15 @@ from .rollover import Rollover
 # The sink (and with it the state database's dependencies) is imported on first use: Spark tasks import this
 # package to write files, and never need it.
 if TYPE_CHECKING:
-    from .metrics import SinkMetrics
+    from .metrics.figures import SinkMetrics
     from .sink import ExactlyOnceParquetSink, SinkStats
 
 
 def __getattr__(name: str) -> Any:
     if name not in ("ExactlyOnceParquetSink", "SinkStats", "SinkMetrics"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import metrics, sink
+    from . import sink
+    from .metrics import figures as metrics
 
     value = getattr(metrics if name == "SinkMetrics" else sink, name)
     globals()[name] = value

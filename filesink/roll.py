@@ -19,11 +19,11 @@ import pyarrow as pa
 from logstore import requestcounts
 from logstore.failpoints import failpoint
 
-from . import metrics as metrics_hooks
 from . import taskrows
 from .damage import check_planned, diagnose
 from .errors import NotSharedError, SinkFailedError
 from .ledger import PlannedFile
+from .metrics import figures as metrics_hooks
 from .output import forget_committed, remove_failed_attempts, write_mark
 from .planner import plan
 from .shared import refusal_message as unshared_message

@@ -43,7 +43,7 @@ from .connect import forget as forget
 from .description import SinkDescription, connect_client, pickled_for_foreach_batch
 from .errors import SinkOptionError
 from .ledger import Ledger
-from .metrics import SinkMetrics
+from .metrics.figures import SinkMetrics
 from .output import OutputLocation, release_staging
 from .roll import Roll
 from .rollover import Rollover

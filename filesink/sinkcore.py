@@ -29,8 +29,8 @@ from .destination import Destination
 from .errors import NotSharedError
 from .ledger import Ledger, PlannedFile
 from .lock import LOCK_FILE, StateLock
-from .metrics import MetricsBook
-from .metrics_http import MetricsServer
+from .metrics.figures import MetricsBook
+from .metrics.prometheus import MetricsServer
 from .output import OutputLocation
 from .output.location import STATE_STAGING
 from .planner import file_task

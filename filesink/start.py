@@ -23,7 +23,6 @@ from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
-from . import metrics as metrics_hooks
 from .backlog import BacklogTracker
 from .damage import given_up_line
 from .destination import TableFormat, open_destination
@@ -31,8 +30,9 @@ from .errors import OutputClaimedError, SinkOptionError, TableFormatError
 from .ledger import Ledger
 from .localdirs import make_local_dir
 from .lock import StateLock
-from .metrics import MetricsBook
-from .metrics_http import serve
+from .metrics import figures as metrics_hooks
+from .metrics.figures import MetricsBook
+from .metrics.prometheus import serve
 from .output import CLAIM_NAME, OutputLocation, claim_output, prepare_staging
 from .output.location import OUTPUT_STAGING
 from .s3options import remember

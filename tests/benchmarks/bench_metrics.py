@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow as pa
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink import metrics as metrics_hooks
 from filesink.localspark import local_spark
+from filesink.metrics import figures as metrics_hooks
 
 
 def frames(spark: Any, batches: int, rows: int) -> list[Any]:

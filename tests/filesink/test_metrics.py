@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sink_helpers import _fs, batch_df, batch_rows, parquet_files, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, MetricsPortError, Rollover, SchemaMismatchError, StateBehindError
-from filesink.metrics import MetricsBook, event_record
+from filesink.metrics.figures import MetricsBook, event_record
 from logstore.errors import FencedError
 
 COUNTERS = (

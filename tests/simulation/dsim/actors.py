@@ -24,7 +24,7 @@ from filesink.description import SinkDescription
 from filesink.destination import DirectoryDestination, TableOptions
 from filesink.errors import FileSinkError
 from filesink.ledger import Ledger, PlannedFile
-from filesink.metrics import MetricsBook
+from filesink.metrics.figures import MetricsBook
 from filesink.planner import file_task
 from filesink.rollover import Rollover
 from filesink.sink import ExactlyOnceParquetSink, SinkStats

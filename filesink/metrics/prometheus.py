@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MetricsPortError, SinkOptionError
-from .metrics import BUCKETS, SinkMetrics, Timing
+from ..errors import MetricsPortError, SinkOptionError
+from .figures import BUCKETS, SinkMetrics, Timing
 
 COUNTERS = (
     ("filesink_rows_appended", "Rows this run appended to the log store.", "rows_appended"),

@@ -34,7 +34,7 @@ from logstore import requestcounts
 from logstore.errors import FencedError
 from logstore.requestcounts import Key
 
-from .errors import (
+from ..errors import (
     BatchRefusedError,
     CheckpointMismatchError,
     NotSharedError,
@@ -49,8 +49,8 @@ from .errors import (
 if TYPE_CHECKING:
     from logstore import LogStore
 
-    from .backlog import BacklogTracker
-    from .ledger import PlannedFile
+    from ..backlog import BacklogTracker
+    from ..ledger import PlannedFile
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Upper bounds in seconds of the duration histograms' buckets (Prometheus adds ``+Inf``)."""
