@@ -33,8 +33,8 @@ import pyarrow as pa
 from logstore import VNODE_COLUMN
 
 from .output.limits import KeyLimits
-from .partitioning import PartitionTypeError, check_paths
-from .schema import SchemaConformError, conform, file_schema
+from .schema.conform import SchemaConformError, conform, file_schema
+from .schema.partitioning import PartitionTypeError, check_paths
 from .writer import parquet_problem
 
 REFUSED_COLUMN = "refused"

@@ -20,7 +20,7 @@ from . import taskrows
 from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .errors import BatchRefusedError, NotSharedError
 from .output.limits import key_limits
-from .schema import hashable_columns
+from .schema.conform import hashable_columns
 from .schema_versions import NewVersion
 from .shared import refusal_message as unshared_message
 from .sinkcore import SinkCore

@@ -28,8 +28,15 @@ from .errors import (
 )
 from .output import CLAIM_NAME, OutputLocation, list_objects
 from .output.location import filesystem
-from .partitioning import SPARK_TYPES, unsupported_columns
-from .schema import arrow_schema_of, arrow_zone, hashable_columns, repeated, unhashable_reason, unwritable_columns
+from .schema.conform import (
+    arrow_schema_of,
+    arrow_zone,
+    hashable_columns,
+    repeated,
+    unhashable_reason,
+    unwritable_columns,
+)
+from .schema.partitioning import SPARK_TYPES, unsupported_columns
 from .schema_versions import NewVersion, SchemaTaken, check_batch_schema
 from .sinkcore import STATE_NAMES, SinkCore, listdir, log
 

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from .errors import InputError, SchemaMismatchError
-from .evolution import evolve
-from .schema import file_schema
+from .schema.conform import file_schema
+from .schema.evolution import evolve
 from .schema_versions import TAKEN
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from logstore.home import FILES, SINK_RECORD, file_path
 from logstore.statedb import apply_migrations, db_errors, translated
 
 from .errors import CommitConflictError, FencedError, SinkOptionError
-from .schema import file_schema_bytes
+from .schema.conform import file_schema_bytes
 
 IDENTITY = ("output", "key_columns", "partition_by", "table_format", "table")
 """What makes a sink the sink it is, besides its id and its log store: kept for life."""

@@ -19,8 +19,8 @@ import pyarrow as pa
 from logstore import NOTHING
 
 from .errors import SchemaMismatchError
-from .evolution import Change, Evolution, evolve
-from .schema import arrow_schema_of, file_schema, schema_problems, spark_schema_json
+from .schema.conform import arrow_schema_of, file_schema, schema_problems, spark_schema_json
+from .schema.evolution import Change, Evolution, evolve
 
 if TYPE_CHECKING:
     from .destination import Destination

@@ -44,11 +44,11 @@ from logstore.failpoints import failpoint
 from .arrowvalues import int64_scalar
 from .dictionary import dictionary_columns
 from .errors import FencedError, FileWriteError
-from .evolution import upgrade
 from .output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
-from .partitioning import legacy_partition_dir, partition_dirs
-from .schema import SchemaConformError, utc_labelled
-from .schema import conform as conform_to
+from .schema.conform import SchemaConformError, utc_labelled
+from .schema.conform import conform as conform_to
+from .schema.evolution import upgrade
+from .schema.partitioning import legacy_partition_dir, partition_dirs
 
 log = logging.getLogger(__name__)
 

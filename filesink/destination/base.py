@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..evolution import Change
     from ..ledger import PlannedFile
     from ..output import OutputLocation
+    from ..schema.evolution import Change
     from ..writer import WrittenObject
 
 

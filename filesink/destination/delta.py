@@ -47,7 +47,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from logstore.storage import PutAnswer
 
 from ..errors import TableCommitFailedError, TableFormatError
-from ..evolution import Change, upgradable
+from ..schema.evolution import Change, upgradable
 from .base import Destination, TableFormat, held_files, marks_of, s3_settings
 from .delta_log import DeltaLog, LogState, UnsupportedLogError, add_path, entry_name, unsupported
 from .partitions import partition_texts, typed_value

@@ -100,7 +100,7 @@ from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from ..errors import TableCommitFailedError, TableFormatError
-from ..evolution import upgradable
+from ..schema.evolution import upgradable
 from .base import Destination, TableFormat, held_files, marks_of, s3_settings
 from .catalogs import catalog_refusal, table_location
 from .partitions import partition_texts, typed_value

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 
 from ..errors import TableFormatError
-from ..partitioning import DEFAULT_PARTITION, unescape
+from ..schema.partitioning import DEFAULT_PARTITION, unescape
 
 _OFFSET = re.compile(r"^([+-])(\d\d):(\d\d)$")
 

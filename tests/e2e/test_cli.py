@@ -14,7 +14,7 @@ import pytest
 from sink_helpers import COLUMNS, batch_rows, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.schema import file_schema_bytes
+from filesink.schema.conform import file_schema_bytes
 from logstore.failpoints import ENV_VAR, FailpointError
 
 

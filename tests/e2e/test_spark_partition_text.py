@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from filesink import ExactlyOnceParquetSink, Rollover, SinkOptionError
-from filesink.partitioning import SPARK_TYPES, unescape
+from filesink.schema.partitioning import SPARK_TYPES, unescape
 
 ZONE = "America/Sao_Paulo"
 UTC = datetime.UTC
@@ -238,7 +238,7 @@ def test_string_values_that_are_not_utf8_get_sparks_directories(spark, tmp_path)
 
 
 def test_the_jdks_short_zone_ids_are_the_sinks(spark):
-    from filesink.schema import _JAVA_SHORT_IDS
+    from filesink.schema.conform import _JAVA_SHORT_IDS
 
     ids = spark.sparkContext._jvm.java.time.ZoneId.SHORT_IDS
     assert {k: ids.get(k) for k in ids.keySet().toArray()} == _JAVA_SHORT_IDS

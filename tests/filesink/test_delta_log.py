@@ -23,7 +23,7 @@ from filesink.destination import open_destination, table_options
 from filesink.errors import TableCommitFailedError
 from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
-from filesink.partitioning import escape
+from filesink.schema.partitioning import escape
 from filesink.writer import WrittenObject
 
 deltalake = pytest.importorskip("deltalake")

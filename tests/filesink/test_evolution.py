@@ -13,8 +13,8 @@ import pytest
 from pyspark.sql import types as T
 
 from filesink import ExactlyOnceParquetSink, Rollover, SchemaMismatchError
-from filesink.evolution import evolve, spark_name, upgradable, upgrade
-from filesink.schema import file_schema
+from filesink.schema.conform import file_schema
+from filesink.schema.evolution import evolve, spark_name, upgradable, upgrade
 from logstore import VNODE_COLUMN
 
 HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)

@@ -28,7 +28,7 @@ from filesink.destination.iceberg import EMBEDDED_CATALOG, IcebergDestination, f
 from filesink.errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
 from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
-from filesink.partitioning import partition_dirs
+from filesink.schema.partitioning import partition_dirs
 from filesink.writer import WrittenObject
 
 pytestmark = pytest.mark.timeout(120)

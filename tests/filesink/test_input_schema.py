@@ -16,10 +16,10 @@ from rich.console import Console
 
 from filesink import ExactlyOnceParquetSink, SchemaMismatchError
 from filesink.errors import InputError
-from filesink.evolution import Change
 from filesink.inputschema import as_spark_reads, check_against_sink, read_footer
 from filesink.preflight import check_input
 from filesink.progress import Progress
+from filesink.schema.evolution import Change
 from filesink.schema_versions import SchemaTaken
 from filesink.sink import SinkStats
 

@@ -21,7 +21,7 @@ from sink_helpers import COLUMNS, STREAM_SCHEMA, TYPES, append_epoch, parquet_fi
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.errors import BatchRefusedError
 from filesink.output import is_file_name, is_object_of, object_key
-from filesink.partitioning import legacy_partition_dir
+from filesink.schema.partitioning import legacy_partition_dir
 from logstore.failpoints import ENV_VAR, FailpointError
 from recovery.resolve import Action
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filesink.partitioning import partition_dirs
+from filesink.schema.partitioning import partition_dirs
 from filesink.writer import key_groups, split_partitions
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filesink.output.limits import KeyLimits
-from filesink.partitioning import (
+from filesink.schema.partitioning import (
     DEFAULT_PARTITION,
     PartitionTypeError,
     _text_bound,

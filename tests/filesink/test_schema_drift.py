@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 
 from filesink import ExactlyOnceParquetSink, Rollover, SchemaMismatchError, SinkOptionError
 from filesink.admission import Admission, Refusal
-from filesink.schema import conformable, file_schema
+from filesink.schema.conform import conformable, file_schema
 from logstore import NOTHING, VNODE_COLUMN
 
 HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)

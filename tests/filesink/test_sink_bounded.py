@@ -35,7 +35,7 @@ def test_state_and_log_stay_bounded_over_1000_epochs(tmp_path):
         desc = store.append(epoch, table)
         store.seal(epoch, [desc])
         if epoch == 0:
-            from filesink.schema import file_schema_bytes
+            from filesink.schema.conform import file_schema_bytes
 
             state.record_schema("[]", file_schema_bytes(desc.schema_bytes))
         sink._roll(force=False)

@@ -25,7 +25,7 @@ from filesink.errors import FileWriteError
 from filesink.output import OutputLocation, object_key, object_keys, objects
 from filesink.output.multipart import list_uploads
 from filesink.output.naming import dir_digest
-from filesink.partitioning import partition_dir
+from filesink.schema.partitioning import partition_dir
 from filesink.writer import FileTask, WrittenObject, write_file
 from logstore import LogStore, ReadItem, SegmentMissingError, append_segment, read_plan
 

@@ -20,7 +20,7 @@ from sink_helpers import COLUMNS, TYPES, batch_rows, input_file, parquet_files, 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.cli import main
 from filesink.errors import EXIT_DAMAGED, DamagedLogError
-from filesink.schema import file_schema_bytes
+from filesink.schema.conform import file_schema_bytes
 from logstore import VNODE_COLUMN, LogLocation, LogStore, read_plan
 from logstore.failpoints import DIR_VAR, ENV_VAR, FailpointError, fired
 from logstore.home import GIVEN_UP, given_up_path

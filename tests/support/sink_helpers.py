@@ -72,7 +72,7 @@ def read_duckdb(path: str, options: dict | None = None, partition_by: tuple[str,
 
 def append_epoch(sink, epoch: int, rows: list[tuple]) -> None:
     """What the sink's Spark append and seal do for one micro-batch, in this process (vnode = user_id % V)."""
-    from filesink.schema import file_schema_bytes
+    from filesink.schema.conform import file_schema_bytes
     from logstore import VNODE_COLUMN
 
     columns = list(zip(*rows, strict=True))

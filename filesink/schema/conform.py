@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrowvalues import one_zero
+from ..arrowvalues import one_zero
 
 
 class SchemaConformError(ValueError):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .schema import assembled, conformable
+from .conform import assembled, conformable
 
 _INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
 

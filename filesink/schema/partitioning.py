@@ -57,8 +57,8 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .output.limits import KeyLimits
-from .schema import arrow_zone
+from ..output.limits import KeyLimits
+from .conform import arrow_zone
 
 DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
