@@ -1,4 +1,4 @@
-"""The append: one Spark job per batch, each task checks its rows (:mod:`filesink.admission`) and writes one log
+"""The append: one Spark job per batch, each task checks its rows (:mod:`filesink.tasks.admission`) and writes one log
 segment; the driver gathers the segments' descriptors for the seal, or discards them when a task refused its rows or
 did not see the driver's directories.
 
@@ -16,21 +16,21 @@ import pyarrow as pa
 
 from logstore import VNODE_COLUMN, SegmentDescriptor, append_segment, requestcounts
 
-from . import taskrows
-from .admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
 from .errors import BatchRefusedError, NotSharedError
 from .output.limits import key_limits
 from .schema.conform import hashable_columns
 from .schema_versions import NewVersion
-from .shared import refusal_message as unshared_message
 from .sinkcore import SinkCore
+from .tasks import taskrows
+from .tasks.admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
+from .tasks.shared import refusal_message as unshared_message
 
 
 class Append(SinkCore):
     """A batch's rows into the log store."""
 
     def _append(self, df: Any, epoch: int, version: NewVersion | None = None) -> list[SegmentDescriptor]:
-        """Append the batch: one Spark job, each task checks its rows (:mod:`filesink.admission`) and writes one
+        """Append the batch: one Spark job, each task checks its rows (:mod:`filesink.tasks.admission`) and writes one
         segment. A refused batch leaves nothing in the log store and raises :class:`BatchRefusedError`."""
         from pyspark.sql import functions as F
 

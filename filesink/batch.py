@@ -1,7 +1,7 @@
 """A batch's admission on the driver, before anything of it is written: whose batch it is (the query's id, the
 batch id against the last sealed epoch: a replay, a gap, a state behind the checkpoint, batch 0 at an output that
 holds rows), what its columns may be, and its schema against the sink's history (a new version recorded before the
-seal). What each row must pass is checked in the append tasks (:mod:`filesink.admission`); the schema history is
+seal). What each row must pass is checked in the append tasks (:mod:`filesink.tasks.admission`); the schema history is
 :mod:`filesink.schema_versions`'s.
 """
 

@@ -106,7 +106,7 @@ class FileWriteError(FileSinkError):
 class NotSharedError(FileSinkError):
     """A local directory of the sink is not the driver's on an executor: a local log store (the default,
     ``<state_dir>/log``), or a local output and its staging directory, which on a cluster whose executors run on other
-    machines must be one shared file system mounted at the same path everywhere (:mod:`filesink.shared`). Found by
+    machines must be one shared file system mounted at the same path everywhere (:mod:`filesink.tasks.shared`). Found by
     the Spark tasks before they write anything, and refused before the batch is sealed or its files written."""
 
 

@@ -1,5 +1,5 @@
 """The schema ``filesink run`` reads a landing directory of Parquet files with: the files' footers merged by the
-sink's own rules (:func:`filesink.evolution.evolve`), before Spark starts.
+sink's own rules (:func:`filesink.schema.evolution.evolve`), before Spark starts.
 
 The files are taken in the order they landed: by modification time, then path (the order Spark's file source
 reads them in). Each file's schema is compared with the union of the files before it as the sink compares a

@@ -1,6 +1,6 @@
 """``filesink run --log-format json``: one JSON object per line on stdout, for log shippers.
 
-Events: ``batch`` and ``roll`` (:func:`filesink.metrics.event_record`), and ``notice`` for what the run says in
+Events: ``batch`` and ``roll`` (:func:`filesink.metrics.figures.event_record`), and ``notice`` for what the run says in
 text mode on stdout (recovery at start, the metrics' URL, the summary at the end: ``{"event": "notice",
 "message": ...}``). Nothing else goes to stdout in this mode; the progress display and errors stay on stderr.
 """

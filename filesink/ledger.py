@@ -133,7 +133,7 @@ def _schema_versions(db: sqlite_utils.Database) -> None:
 class SchemaVersion:
     """One schema of the sink's history: its Spark schema (``[name, type]`` pairs, and Spark's full JSON where
     recorded), the files' Arrow schema (None until the first rows of version 1), the first epoch it applies to and
-    what changed from the version before (:class:`filesink.evolution.Change` as text)."""
+    what changed from the version before (:class:`filesink.schema.evolution.Change` as text)."""
 
     version: int
     first_epoch: int

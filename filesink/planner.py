@@ -17,7 +17,7 @@ from .backlog import BacklogTracker
 from .ledger import Ledger, PlannedFile
 from .output import file_name
 from .rollover import EpochBacklog, Rollover, choose_end_epoch
-from .writer import FileTask
+from .tasks.writer import FileTask
 
 
 def writer_ranges(vnodes: int, parallelism: int) -> list[range]:

@@ -19,17 +19,17 @@ import pyarrow as pa
 from logstore import requestcounts
 from logstore.failpoints import failpoint
 
-from . import taskrows
 from .damage import check_planned, diagnose
 from .errors import NotSharedError, SinkFailedError
 from .ledger import PlannedFile
 from .metrics import figures as metrics_hooks
 from .output import forget_committed, remove_failed_attempts, write_mark
 from .planner import plan
-from .shared import refusal_message as unshared_message
 from .sinkcore import SinkCore, log
 from .sizing import RESAMPLE_GROWTH, sample_ratio
-from .writer import WrittenObject, write_file
+from .tasks import taskrows
+from .tasks.shared import refusal_message as unshared_message
+from .tasks.writer import WrittenObject, write_file
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""

@@ -1,8 +1,8 @@
 """The sink's schema history at a batch: is the batch's schema the recorded one, a new version, or refused?
 
 A sink records the schema of its first batch as version 1 (:meth:`filesink.ledger.Ledger.record_schema`). A later
-batch with another schema is compared with the newest version (:func:`filesink.evolution.evolve`): a change the sink
-takes becomes the next version, recorded (in the state database and the durable home) after the batch's rows are
+batch with another schema is compared with the newest version (:func:`filesink.schema.evolution.evolve`): a change the
+sink takes becomes the next version, recorded (in the state database and the durable home) after the batch's rows are
 in the log store and before its epoch is sealed (:meth:`~filesink.ledger.Ledger.add_schema_version`); a change it
 does not take refuses the batch before anything of it is written. A version recorded for an epoch that was never
 sealed (a run stopped in between) is taken back when the batch comes again with the older schema.
@@ -38,7 +38,7 @@ class NewVersion:
     first_epoch: int
     changes: tuple[str, ...]
     taken: tuple[Change, ...] = ()
-    """The changes, as :func:`filesink.evolution.evolve` found them (``changes`` is their text, as recorded)."""
+    """The changes, as :func:`filesink.schema.evolution.evolve` found them (``changes`` is their text, as recorded)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class Proposed:
     """The files' schema of the newest version a sealed epoch uses."""
     version: int
     evolution: Evolution
-    """:func:`filesink.evolution.evolve` of ``recorded`` and the schema, with the table format's refusals among
+    """:func:`filesink.schema.evolution.evolve` of ``recorded`` and the schema, with the table format's refusals among
     its problems."""
 
 
@@ -146,8 +146,8 @@ def propose(
     fill_missing: bool,
     destination: Destination,
 ) -> Proposed | None:
-    """Compare the files' Arrow ``schema`` of batches to come (as :func:`filesink.schema.file_schema` makes it) with
-    the sink's, as :func:`check_batch_schema` will compare their Spark schema: the sink's columns a batch lacks are
+    """Compare the files' Arrow ``schema`` of batches to come (as :func:`filesink.schema.conform.file_schema` makes it)
+    with the sink's, as :func:`check_batch_schema` will compare their Spark schema: the sink's columns a batch lacks are
     filled when the sink fills them (never ``fixed`` ones). None while no epoch is sealed (any schema is taken)."""
     history = ledger.schema_history()
     if not history or last_sealed == NOTHING:

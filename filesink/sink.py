@@ -305,13 +305,13 @@ class ExactlyOnceParquetSink(SinkStart, BatchAdmission, Append, Roll):
     # -- what tests and tools may look at --------------------------------------------------------------
 
     def metrics(self) -> SinkMetrics:
-        """A snapshot of the sink's figures in this run (:class:`filesink.metrics.SinkMetrics`): read from memory,
-        cheap enough for every batch (no listing, no query, no request)."""
+        """A snapshot of the sink's figures in this run (:class:`filesink.metrics.figures.SinkMetrics`): read from
+        memory, cheap enough for every batch (no listing, no query, no request)."""
         return self._opened()._metrics.snapshot()
 
     def listen(self, listener: Callable[[dict[str, Any]], None] | None) -> None:
         """Call ``listener`` with a record of each batch and of each roll that committed files
-        (:func:`filesink.metrics.event_record`), in the thread that ran it; None stops it."""
+        (:func:`filesink.metrics.figures.event_record`), in the thread that ran it; None stops it."""
         self._opened()._metrics.listener = listener
 
     @property

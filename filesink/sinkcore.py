@@ -36,10 +36,10 @@ from .output.location import STATE_STAGING
 from .planner import file_task
 from .rollover import Rollover
 from .schema_versions import SchemaTaken
-from .shared import SharedDirs, on_cluster, probe
-from .shared import refusal_message as unshared_message
 from .sizing import Sample
-from .writer import FileTask
+from .tasks.shared import SharedDirs, on_cluster, probe
+from .tasks.shared import refusal_message as unshared_message
+from .tasks.writer import FileTask
 
 log = logging.getLogger("filesink.sink")
 """Every role logs as the sink: one logger's name, whichever module writes the record (``filesink run`` filters the
@@ -170,7 +170,7 @@ class SinkCore:
 
     def _probe_executors(self, outcome: str) -> None:
         """Once per run, before its first append or file write on a cluster: check that every executor sees the
-        driver's local log store and output (:func:`filesink.shared.probe`, one task per executor core), or raise
+        driver's local log store and output (:func:`filesink.tasks.shared.probe`, one task per executor core), or raise
         :class:`NotSharedError` ending with ``outcome``. Under a ``local`` master there is nothing to check."""
         if self._probed or self._shared is None or self._spark is None:
             return

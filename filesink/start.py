@@ -36,8 +36,8 @@ from .metrics.prometheus import serve
 from .output import CLAIM_NAME, OutputLocation, claim_output, prepare_staging
 from .output.location import OUTPUT_STAGING
 from .s3options import remember
-from .shared import shared_dirs
 from .sinkcore import START_NOTICE, STATE_NAMES, SinkCore, SinkStats, listdir, log
+from .tasks.shared import shared_dirs
 
 
 class SinkStart(SinkCore):
@@ -154,7 +154,7 @@ class SinkStart(SinkCore):
             self._recover()
             self._shared = shared_dirs(self._store, self._output, self._term)
             """What the executors' tasks of this run look for to tell they see the driver's local log store and
-            output (:mod:`filesink.shared`); None when neither is local."""
+            output (:mod:`filesink.tasks.shared`); None when neither is local."""
             self._probed = False
             """Whether this run checked every executor (:meth:`_probe_executors`)."""
             self.stats = SinkStats(last_epoch=self._store.last_sealed_epoch)

@@ -11,7 +11,7 @@ Nothing waits for it and nothing depends on it: if it fails (the session stops),
 workers, as it would without it.
 
 Only under a ``local`` master. On a cluster the sink's first Python job is its probe of the executors
-(:func:`filesink.shared.probe`), which starts the workers anyway, and which counts on idle executors to spread its
+(:func:`filesink.tasks.shared.probe`), which starts the workers anyway, and which counts on idle executors to spread its
 tasks over every one of them: a warm-up job holding some cores at that moment could leave an executor unprobed.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .shared import on_cluster
+from .tasks.shared import on_cluster
 
 log = logging.getLogger(__name__)
 

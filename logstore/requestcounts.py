@@ -8,7 +8,7 @@ directory makes no requests and counts none.
 
 The counts are the process's, from its start: a reader takes a :func:`snapshot` and subtracts an earlier one
 (:func:`since`). Spark tasks do that over their run and send the difference to the driver in their result rows
-(:func:`encode`, :func:`decode`); the driver's sink adds them to its own (``filesink.metrics``).
+(:func:`encode`, :func:`decode`); the driver's sink adds them to its own (``filesink.metrics.figures``).
 
 This module runs in Spark tasks: it imports only the standard library.
 """

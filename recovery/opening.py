@@ -15,7 +15,7 @@ from filesink.output import OutputLocation
 from filesink.output.probe import check_s3
 from filesink.planner import file_task
 from filesink.s3options import from_args, with_remembered
-from filesink.writer import FileTask
+from filesink.tasks.writer import FileTask
 from logstore import LogLocation, LogStore, NoLogStoreError
 from logstore.statedb import STATE_DB_NAME
 from logstore.storage import is_local

@@ -57,7 +57,7 @@ from filesink.output import (
     remove_output_garbage,
     write_mark,
 )
-from filesink.writer import FileTask, WrittenObject, write_file
+from filesink.tasks.writer import FileTask, WrittenObject, write_file
 from logstore import DamagedSegment, GarbageReport, GivenUp, LogStore, guards
 from logstore.conditional import require_conditional_create
 from logstore.failpoints import failpoint

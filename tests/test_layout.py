@@ -131,7 +131,7 @@ def test_imports_go_down_the_layers(module):
 
 def test_the_commit_path_does_not_import_recovery():
     """Only the sink's start-up runs recovery: every module the per-epoch path uses stays below it."""
-    for module in ("filesink.planner", "filesink.ledger", "filesink.writer", "filesink.backlog", OUTPUT):
+    for module in ("filesink.planner", "filesink.ledger", "filesink.tasks.writer", "filesink.backlog", OUTPUT):
         assert not any(_within(m, "recovery") for m in _imports(module)), module
     roll = ast.parse(MODULES["filesink.roll"].read_text())
     rolls = [n for n in ast.walk(roll) if isinstance(n, ast.FunctionDef) and n.name in ("_roll", "_roll_steps")]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..ledger import PlannedFile
     from ..output import OutputLocation
     from ..schema.evolution import Change
-    from ..writer import WrittenObject
+    from ..tasks.writer import WrittenObject
 
 
 class TableFormat(StrEnum):
@@ -125,7 +125,7 @@ class Destination(ABC):
     """Where a roll's files become visible (see the package's docstring for the three formats).
 
     The file-writing tasks write every file under the output location the same way for every format
-    (:func:`filesink.writer.write_file`); for the directory that write is also what makes it visible."""
+    (:func:`filesink.tasks.writer.write_file`); for the directory that write is also what makes it visible."""
 
     format: ClassVar[TableFormat]
     transaction: ClassVar[str]
@@ -148,8 +148,8 @@ class Destination(ABC):
         return None
 
     def evolution_problems(self, changes: Sequence[Change]) -> list[str]:
-        """Which of a new schema's changes (:mod:`filesink.evolution`) the format cannot take, each naming the column
-        and what to do. Asked before the batch that makes them is written."""
+        """Which of a new schema's changes (:mod:`filesink.schema.evolution`) the format cannot take, each naming the
+        column and what to do. Asked before the batch that makes them is written."""
         return []
 
     def check(self, schema: pa.Schema | None) -> None:

@@ -54,7 +54,7 @@ from .partitions import partition_texts, typed_value
 
 if TYPE_CHECKING:
     from ..ledger import PlannedFile
-    from ..writer import WrittenObject
+    from ..tasks.writer import WrittenObject
 
 log = logging.getLogger(__name__)
 
@@ -516,8 +516,8 @@ class DeltaDestination(Destination):
         return actions
 
     def _schema_change(self, state: LogState, schema: pa.Schema) -> list[dict[str, Any]]:
-        """A ``metaData`` action with the sink's schema when the table's is older (:mod:`filesink.evolution`): the
-        table's columns change in the entry of the first files that hold the new ones. Nothing when they are the
+        """A ``metaData`` action with the sink's schema when the table's is older (:mod:`filesink.schema.evolution`):
+        the table's columns change in the entry of the first files that hold the new ones. Nothing when they are the
         same. The fields' metadata the table had is kept."""
         have = json.loads(state.metadata["schemaString"])
         want = json.loads(DeltaSchema.from_arrow(delta_arrow_schema(schema)).to_json())

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ..ledger import PlannedFile
-    from ..writer import WrittenObject
+    from ..tasks.writer import WrittenObject
 
 
 class DirectoryDestination(Destination):

@@ -107,7 +107,7 @@ from .partitions import partition_texts, typed_value
 
 if TYPE_CHECKING:
     from ..ledger import PlannedFile
-    from ..writer import WrittenObject
+    from ..tasks.writer import WrittenObject
 
 log = logging.getLogger(__name__)
 
@@ -528,8 +528,8 @@ class IcebergDestination(Destination):
         )
 
     def _evolve(self, tx: Transaction, schema: pa.Schema) -> None:
-        """The sink's newer schema (:mod:`filesink.evolution`) in the commit's transaction, before the snapshot of
-        the first files that hold its new columns: new columns and fields get new ids, wider types are Iceberg's
+        """The sink's newer schema (:mod:`filesink.schema.evolution`) in the commit's transaction, before the snapshot
+        of the first files that hold its new columns: new columns and fields get new ids, wider types are Iceberg's
         promotions (int to long, float to double, a decimal's precision). Nothing when the table has it already."""
         if not _differs(tx.table_metadata.schema(), schema):
             return

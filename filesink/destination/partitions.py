@@ -1,4 +1,4 @@
-"""A written object's partition values, read back from its key's Hive directories (:mod:`filesink.partitioning`).
+"""A written object's partition values, read back from its key's Hive directories (:mod:`filesink.schema.partitioning`).
 
 The sink's files do not hold their partition columns; a table records each file's partition values beside it
 (Delta's ``partitionValues``, Iceberg's partition record). They are taken from the directories the writer named, so

@@ -4,7 +4,7 @@ them in (:class:`MetricsBook`), in the driver's memory.
 The sink updates the book at the steps that change a figure (the append and seal, the roll, the table commit,
 recovery at start, a refusal, a fencing); reading it copies a few numbers, with no listing, no query and no
 request. The requests of Spark tasks (the append's log store writes, the file writes' uploads) come back to the
-driver in the tasks' result rows (:mod:`filesink.taskrows`) and are added here; the driver's own are read from
+driver in the tasks' result rows (:mod:`filesink.tasks.taskrows`) and are added here; the driver's own are read from
 :mod:`logstore.requestcounts`.
 
 What the counters count (per run: every counter starts at 0 when the sink starts, and never goes back):
@@ -17,7 +17,7 @@ What the counters count (per run: every counter starts at 0 when the sink starts
 - rows appended are rows this run appended to the log store: a batch Spark runs again after a crash, whose epoch
   the log store sealed already, is a replay and adds nothing.
 
-This module imports no part of ``prometheus_client`` (:mod:`filesink.metrics_http` does, when asked to serve).
+This module imports no part of ``prometheus_client`` (:mod:`filesink.metrics.prometheus` does, when asked to serve).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class MetricsBook:
             self._replayed += 1
 
     def tasks(self, reported: Iterable[str | None]) -> None:
-        """Add what Spark tasks reported in their result rows (:func:`filesink.taskrows.task_counts`)."""
+        """Add what Spark tasks reported in their result rows (:func:`filesink.tasks.taskrows.task_counts`)."""
         with self._lock:
             for text in reported:
                 for key, n in requestcounts.decode(text).items():

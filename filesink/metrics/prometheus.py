@@ -1,4 +1,4 @@
-"""Prometheus exposition of a sink's figures (:mod:`filesink.metrics`) from the driver, at ``http://A:N/metrics``.
+"""Prometheus exposition of a sink's figures (:mod:`filesink.metrics.figures`) from the driver, at ``http://A:N/metrics``.
 
 Imported only when a sink is given ``metrics_port`` (``filesink run --metrics-port``): it needs the ``metrics``
 extra (``prometheus_client``). A collector of its own reads the sink's in-memory figures at each scrape; the server

@@ -6,7 +6,7 @@ Both sides are here: the writer's (:class:`Fence`, :class:`ObjectRecord`) and th
 Every sink start (and every ``filesink recover apply``) takes a new **writer term**: it creates the term's
 record in the durable home, only if absent (:meth:`logstore.home.DurableHome.take_term`), in the log store's
 location, which every file writer can read (writers have no access to the state database). A writer holds the
-term of the run that started it, in its :class:`~filesink.writer.FileTask`, and is **fenced** once a newer
+term of the run that started it, in its :class:`~filesink.tasks.writer.FileTask`, and is **fenced** once a newer
 term exists (it checks for a term record above its own right before it publishes):
 
 - **Local output**: a writer's temp files live in its term's staging directory ``<staging>/term-<T>``, which
@@ -104,7 +104,7 @@ class Fence:
     log: LogLocation
     term: int
     attempt: str = ""
-    """Set by each run of a writer (:func:`filesink.writer.write_file`), which names its records after it."""
+    """Set by each run of a writer (:func:`filesink.tasks.writer.write_file`), which names its records after it."""
 
     def record(self, record: ObjectRecord) -> None:
         """Write ``record`` durably to the log store (one atomic write)."""
@@ -205,7 +205,7 @@ def prepare_staging(output: OutputLocation, term: int) -> None:
 
 def mark_staging(output: OutputLocation, term: int, token: str) -> Path:
     """Create the marker ``token`` names in the staging directory of ``term`` (local output): the file writers on
-    the executors look for it (:mod:`filesink.shared`). Returns its path."""
+    the executors look for it (:mod:`filesink.tasks.shared`). Returns its path."""
     marker = term_staging(output, term) / f"{SHARED_PREFIX}{token}.tmp"
     marker.touch(exist_ok=False)
     return marker

@@ -1,5 +1,5 @@
 """How long an object's key may be in each kind of output: what the admission check measures partition
-directories against (:func:`filesink.partitioning.check_paths`).
+directories against (:func:`filesink.schema.partitioning.check_paths`).
 
 - **Local directory**: each path component at most ``NAME_MAX`` bytes and the whole path at most ``PATH_MAX - 1``
   bytes, as the output directory's file system says (``pathconf``; 255 and 4,096 on Linux's usual file systems).

@@ -38,7 +38,8 @@ PROBE_PREFIX = ".filesink-probe-"
 output's root and removed at once (one a crash left behind is garbage)."""
 SHARED_PREFIX = ".filesink-shared-"
 """The marker a run's driver creates in its term's staging directory, ``.filesink-shared-<random>.tmp``, for the file
-writers on the executors to find (:mod:`filesink.shared`); removed with the directory (one a crash left is garbage)."""
+writers on the executors to find (:mod:`filesink.tasks.shared`); removed with the directory (one a crash left is
+garbage)."""
 MULTIPART_PROTOCOLS = frozenset({"s3", "s3a"})
 """fsspec protocols written with multipart uploads (nothing visible before ``CompleteMultipartUpload``)."""
 

@@ -1,6 +1,6 @@
 """The writer's interface to the output: objects that stay invisible until published, one kind per store.
 
-A file writer (:func:`filesink.writer.write_file`) asks :func:`open_target` for a :class:`Target`, then for one
+A file writer (:func:`filesink.tasks.writer.write_file`) asks :func:`open_target` for a :class:`Target`, then for one
 :class:`OutputObject` per partition of the file. Each object is opened and written, finished (complete and
 durable, not visible), recorded for recovery, then published; or aborted.
 

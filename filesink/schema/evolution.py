@@ -1,6 +1,6 @@
 """Schema evolution: which changes of a batch's schema the sink takes without a new sink, and the files' schema after.
 
-A sink's files have one Arrow schema at a time (:mod:`filesink.schema`). When a batch's schema differs from it,
+A sink's files have one Arrow schema at a time (:mod:`filesink.schema.conform`). When a batch's schema differs from it,
 :func:`evolve` compares the two, field by field and at every depth (by name), and either returns the next files'
 schema with the changes it makes, or the problems that refuse the batch before anything of it is written:
 
@@ -14,7 +14,7 @@ schema with the changes it makes, or the problems that refuse the batch before a
   gone and one new of the same type: a rename is a drop plus an add).
 
 The next files' schema keeps every field it had (in the batch's order, where the batch has it) with its recorded
-type where the batch's is the same up to what :func:`filesink.schema.conformable` allows (a zone label, string
+type where the batch's is the same up to what :func:`filesink.schema.conform.conformable` allows (a zone label, string
 widths), the widened type where it is wider, and each new field as the batch has it. Rows sealed under an older
 schema are written under the newest when their file is written (:func:`upgrade`): a file never mixes schemas.
 """
@@ -109,7 +109,7 @@ def evolve(
     *,
     fixed: tuple[str, ...] = (),
 ) -> Evolution:
-    """Compare the files' schema ``old`` with a batch's ``new`` (both as :func:`filesink.schema.file_schema`
+    """Compare the files' schema ``old`` with a batch's ``new`` (both as :func:`filesink.schema.conform.file_schema`
     makes them); ``fixed`` names the columns whose type may not change (key and partition columns)."""
     changes: list[Change] = []
     problems: list[str] = []
@@ -224,7 +224,7 @@ def _lists(t: pa.DataType) -> bool:
 
 def upgradable(got: pa.DataType, expected: pa.DataType) -> bool:
     """Whether values of ``got`` (an older schema's) become ``expected`` (a newer one's) with nothing dropped or
-    changed: the same up to :func:`filesink.schema.conformable`, widened, or with fields added (structs, at any
+    changed: the same up to :func:`filesink.schema.conform.conformable`, widened, or with fields added (structs, at any
     depth). A cast alone would also drop a struct's fields silently: this is checked first."""
     if conformable(got, expected) or widens(got, expected):
         return True

@@ -19,10 +19,10 @@ partition values, and Spark infers the same partition column types, as for Spark
 - time32, time64 (time): ``HH:mm:ss[.f]`` (``12:34:56.5``).
 
 A timestamp's zone is the one the sink's schema records: Spark labels timestamps with the session time zone, and
-the sink keeps the zone of its first batch (:mod:`filesink.schema`), so a value's directory does not move when
+the sink keeps the zone of its first batch (:mod:`filesink.schema.conform`), so a value's directory does not move when
 the session time zone changes later. Spark takes Java's zone ids, which pyarrow does not all know: a short id
 (``PST``) is read as the JDK maps it, an offset in Java's forms (``Z``, ``GMT+05:30``, ``UTC+1``, ``+5``,
-``-0530``) as ``+HH:MM`` (:func:`filesink.schema.arrow_zone`).
+``-0530``) as ``+HH:MM`` (:func:`filesink.schema.conform.arrow_zone`).
 
 Spark partitions by no other type (arrays, maps, structs, variant, void: ``INVALID_PARTITION_COLUMN_DATA_TYPE``;
 the sink refuses intervals too): :func:`unsupported_columns` names them for the sink's schema check.
@@ -37,7 +37,7 @@ escaped, and a component always holds ``=``, so it is never ``.`` or ``..``.
 Double and float text: Spark on Java 19 and later prints the shortest digits, as here; on Java 17 a few values get
 extra digits (``2.82879384806159008E17`` for ``2.82879384806159E17``). Both texts read back as the same double.
 
-:func:`check_paths` is the admission check (:mod:`filesink.admission`): the directories of a batch's rows must fit
+:func:`check_paths` is the admission check (:mod:`filesink.tasks.admission`): the directories of a batch's rows must fit
 the output's limits (:mod:`filesink.output.limits`), or the batch is refused before it is sealed.
 
 :func:`legacy_partition_dir` is how versions before this text named directories (``nan``, ``+00:00``, hex

@@ -34,7 +34,7 @@ from bench_sinks_monitor import status
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.output import OutputLocation
-from filesink.writer import FileTask, WrittenObject, write_file
+from filesink.tasks.writer import FileTask, WrittenObject, write_file
 from logstore import STATE_DB_NAME, VNODE_COLUMN, SegmentDescriptor, append_segment
 
 VNODES = 256

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from filesink.destination import open_destination, table_options
 from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
-from filesink.writer import WrittenObject
+from filesink.tasks.writer import WrittenObject
 
 SCHEMA = pa.schema([("id", pa.int64()), ("user_id", pa.int64()), ("amount", pa.float64())])
 VNODES = 8

@@ -1,5 +1,5 @@
 """A cluster whose executors do not share the driver's disk: ``filesink run --master`` with a local log store or a
-local output is refused before anything is sealed or committed, saying what to do (filesink.shared).
+local output is refused before anything is sealed or committed, saying what to do (filesink.tasks.shared).
 
 One standalone cluster on loopback, two workers: worker 0 sees the driver's files, worker 1 runs in a mount namespace
 of its own where a private tmpfs covers the directory that holds the tests' state directories and outputs (the input,

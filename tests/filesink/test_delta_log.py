@@ -24,7 +24,7 @@ from filesink.errors import TableCommitFailedError
 from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
 from filesink.schema.partitioning import escape
-from filesink.writer import WrittenObject
+from filesink.tasks.writer import WrittenObject
 
 deltalake = pytest.importorskip("deltalake")
 

@@ -1,11 +1,11 @@
-"""Which columns get a Parquet dictionary (:mod:`filesink.dictionary`), checked in the written files' metadata."""
+"""Which columns get a Parquet dictionary (:mod:`filesink.tasks.dictionary`), checked in the written files' metadata."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from filesink.dictionary import dictionary_columns, leaf_paths
+from filesink.tasks.dictionary import dictionary_columns, leaf_paths
 
 
 def _write(table: pa.Table, row_group_rows: int = 1_000_000) -> pq.FileMetaData:

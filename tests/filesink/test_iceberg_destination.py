@@ -29,7 +29,7 @@ from filesink.errors import TableCommitFailedError, TableCommitUnknownError, Tab
 from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
 from filesink.schema.partitioning import partition_dirs
-from filesink.writer import WrittenObject
+from filesink.tasks.writer import WrittenObject
 
 pytestmark = pytest.mark.timeout(120)
 

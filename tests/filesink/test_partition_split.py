@@ -1,4 +1,4 @@
-"""A file writer's split of its rows by partition directory (:func:`filesink.writer.split_partitions`), checked
+"""A file writer's split of its rows by partition directory (:func:`filesink.tasks.writer.split_partitions`), checked
 against each row's own directory: every row lands in the object of its directory, in input order, and the
 objects come in the order their directories first occur (which numbers a file's objects the same on a re-run)."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filesink.schema.partitioning import partition_dirs
-from filesink.writer import key_groups, split_partitions
+from filesink.tasks.writer import key_groups, split_partitions
 
 
 def _float(bits: int) -> float:

@@ -21,8 +21,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from filesink import ExactlyOnceParquetSink, Rollover, SchemaMismatchError, SinkOptionError
-from filesink.admission import Admission, Refusal
 from filesink.schema.conform import conformable, file_schema
+from filesink.tasks.admission import Admission, Refusal
 from logstore import NOTHING, VNODE_COLUMN
 
 HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)

@@ -1,5 +1,5 @@
-"""The check that the executors see the driver's local log store and output (filesink.shared): what a task finds, and
-what the sink does when a task of its append or of its file writes does not see them.
+"""The check that the executors see the driver's local log store and output (filesink.tasks.shared): what a task finds,
+and what the sink does when a task of its append or of its file writes does not see them.
 
 In local mode the executors are the driver's machine, so a task that "does not see" the driver's directories is made
 by changing what is at the path (the term record's nonce, the marker). A real cluster whose workers do not share the
@@ -26,7 +26,7 @@ from filesink.output import (
 )
 from filesink.output.fencing import term_staging
 from filesink.output.location import SHARED_PREFIX
-from filesink.shared import on_cluster, shared_dirs
+from filesink.tasks.shared import on_cluster, shared_dirs
 from logstore import LogLocation, LogStore
 from logstore.home import term_path
 from logstore.store import NOTHING

@@ -294,7 +294,7 @@ def test_restart_resolves_pending_files_by_visibility(spark, tmp_path, monkeypat
     assert sink.ledger.pending() == [] and sink.term == term + 1
     assert [p.name for p in staging.iterdir()] == [f"term-{term + 1:010d}"], "killed writers' temp files go"
     [marker] = (staging / f"term-{term + 1:010d}").iterdir()
-    assert marker.name.startswith(SHARED_PREFIX), "nothing but the run's marker (filesink.shared)"
+    assert marker.name.startswith(SHARED_PREFIX), "nothing but the run's marker (filesink.tasks.shared)"
     points = set(sink.log_store.truncate_points().values())
     assert points == ({1} if visible else {-1}), "visible files are committed, invisible ones rewound"
     expected.update(_run(sink, spark, 1, first=2))

@@ -10,7 +10,7 @@ from sink_helpers import append_epoch, batch_rows
 
 from filesink import ExactlyOnceParquetSink, Rollover, sizing
 from filesink.sizing import column_groups, encoded_size, sample_ratio
-from filesink.writer import write_file
+from filesink.tasks.writer import write_file
 
 NO_RULES = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
 

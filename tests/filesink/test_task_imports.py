@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from filesink.admission import Admission
 from filesink.output import OutputLocation, prepare_staging
 from filesink.output.limits import key_limits
-from filesink.shared import shared_dirs
-from filesink.writer import FileTask
+from filesink.tasks.admission import Admission
+from filesink.tasks.shared import shared_dirs
+from filesink.tasks.writer import FileTask
 from logstore import LogStore, append_segment, requestcounts
 
 VNODES = 4
@@ -38,9 +38,9 @@ steps = {}
 def step(name):
     steps[name] = "pandas" in sys.modules
 
-from filesink import taskrows
+from filesink.tasks import taskrows
 from logstore import requestcounts
-from filesink.writer import write_file
+from filesink.tasks.writer import write_file
 from logstore import append_segment
 
 inputs = pickle.loads((work / "inputs.pkl").read_bytes())

@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 from s3servers import S3_SERVERS
 
-from filesink import writer
 from filesink.errors import FileWriteError
 from filesink.output import OutputLocation, object_key, object_keys, objects
 from filesink.output.multipart import list_uploads
 from filesink.output.naming import dir_digest
 from filesink.schema.partitioning import partition_dir
-from filesink.writer import FileTask, WrittenObject, write_file
+from filesink.tasks import writer
+from filesink.tasks.writer import FileTask, WrittenObject, write_file
 from logstore import LogStore, ReadItem, SegmentMissingError, append_segment, read_plan
 
 VNODES = 8
@@ -261,7 +261,7 @@ def test_partition_keys_and_values(log, tmp_path):
 
 _RERUN = """
 import pickle, sys
-from filesink.writer import write_file
+from filesink.tasks.writer import write_file
 output, task = pickle.loads(sys.stdin.buffer.read())
 print(len(write_file(output, task)))
 """
@@ -521,7 +521,7 @@ def test_schema_mismatch_names_the_column(log, tmp_path, schema, column):
 
 
 def test_rows_of_an_older_schema_are_written_under_the_task_schema(log, tmp_path):
-    """A column the log's rows lack (a newer schema version, filesink.evolution) is written as nulls."""
+    """A column the log's rows lack (a newer schema version, filesink.schema.evolution) is written as nulls."""
     store, plan = log
     schema = SCHEMA.append(pa.field("extra", pa.string()))
     before, after = OutputLocation(str(tmp_path / "before")), OutputLocation(str(tmp_path / "after"))

@@ -26,7 +26,7 @@ from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, r
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.planner import plan
-from filesink.writer import write_file
+from filesink.tasks.writer import write_file
 from logstore import VNODE_COLUMN
 from logstore.failpoints import ENV_VAR, FailpointError
 from logstore.home import CLAIM_FILE, TERM_FILE, is_home_record

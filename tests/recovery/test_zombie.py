@@ -24,7 +24,7 @@ from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.output import is_file_name
 from filesink.output.fencing import PREFIX
 from filesink.planner import plan
-from filesink.writer import write_file
+from filesink.tasks.writer import write_file
 from logstore.home import TERM_FILE
 
 WRITER = SUPPORT / "zombie_writer.py"

@@ -17,7 +17,7 @@ from typing import Any
 from helpers import support_env
 
 from filesink.errors import FencedError
-from filesink.writer import write_file
+from filesink.tasks.writer import write_file
 
 
 def start(task_file: Path, output: Any, task: Any, failpoints: str) -> subprocess.Popen[str]:

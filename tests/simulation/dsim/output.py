@@ -23,7 +23,7 @@ from typing import Any
 from filesink.errors import FencedError
 from filesink.output.fencing import delete_records, records
 from filesink.output.garbage import OutputGarbage
-from filesink.writer import FileTask, WrittenObject
+from filesink.tasks.writer import FileTask, WrittenObject
 from logstore import LogLocation, read_plan
 
 from .scheduler import Scheduler, SimClock

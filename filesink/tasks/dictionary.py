@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .arrowvalues import int64_scalar
+from ..arrowvalues import int64_scalar
 
 DICTIONARY_PAGE_LIMIT = 1024 * 1024
 """pyarrow's ``dictionary_pagesize_limit`` default: a dictionary larger than this falls back to plain."""

@@ -1,5 +1,5 @@
 """The rows the sink's Spark tasks send back to the driver: an append task's segment or refusal, a file's objects,
-and what a task does not see of the driver's local directories (:mod:`filesink.shared`).
+and what a task does not see of the driver's local directories (:mod:`filesink.tasks.shared`).
 
 Each row is built from Arrow buffers (:mod:`filesink.arrowvalues`): converting Python values would make pyarrow
 import pandas in every Python worker.
@@ -13,14 +13,15 @@ import pyarrow as pa
 
 from logstore import requestcounts
 
+from ..arrowvalues import one_value
 from .admission import REFUSED_COLUMN
-from .arrowvalues import one_value
 
 UNSHARED_COLUMN = "unshared"
-"""The column in which a task reports that it does not see the driver's local directories (:mod:`filesink.shared`)."""
+"""The column in which a task reports that it does not see the driver's local directories
+(:mod:`filesink.tasks.shared`)."""
 COUNTS_COLUMN = "counts"
 """The column in which a task reports the requests it made to object stores and the retries of its work
-(:func:`logstore.requestcounts.encode`; null when none), for the driver's metrics (:mod:`filesink.metrics`)."""
+(:func:`logstore.requestcounts.encode`; null when none), for the driver's metrics (:mod:`filesink.metrics.figures`)."""
 APPEND_COLUMNS = ["descriptor", REFUSED_COLUMN, UNSHARED_COLUMN, COUNTS_COLUMN]
 APPEND_SCHEMA = f"descriptor binary, {REFUSED_COLUMN} string, {UNSHARED_COLUMN} string, {COUNTS_COLUMN} string"
 """What an append task returns: its pickled segment descriptor, the refusal of its rows, or what it does not see;
@@ -30,7 +31,7 @@ WRITTEN_SCHEMA = f"name string, objects binary, {UNSHARED_COLUMN} string, {COUNT
 """What a file-writing task returns: the file's name and its pickled written objects, or what it does not see; and
 its counts."""
 PROBE_SCHEMA = f"{UNSHARED_COLUMN} string"
-"""What a task of the probe job (:func:`filesink.shared.probe`) returns: what it does not see, or null."""
+"""What a task of the probe job (:func:`filesink.tasks.shared.probe`) returns: what it does not see, or null."""
 
 
 def _text(value: str | None) -> pa.Array:

@@ -11,13 +11,14 @@ the batch is sealed, and Spark keeps the batch in its checkpoint until the query
 
 Checks, in order:
 
-1. **Schema** (:mod:`filesink.schema`): the rows are conformed to the files' Arrow schema recorded with the first
+1. **Schema** (:mod:`filesink.schema.conform`): the rows are conformed to the files' Arrow schema recorded with the
+first
    batch (a timestamp's time zone label, nested nullability), or refused naming the column and both types.
-2. **Parquet** (:func:`filesink.writer.parquet_problem`): a Parquet file can hold the columns the files get (every
+2. **Parquet** (:func:`filesink.tasks.writer.parquet_problem`): a Parquet file can hold the columns the files get (every
    column but the partition columns), checked once per task by opening a writer on memory with the files' options,
    or the batch is refused naming the column and its type. The driver refuses the types it knows of earlier, from
-   the Spark schema (:func:`filesink.schema.unwritable_columns`); this check covers what the Arrow types hold.
-3. **Partition paths** (:func:`filesink.partitioning.check_paths`): every row's partition directories, and the
+   the Spark schema (:func:`filesink.schema.conform.unwritable_columns`); this check covers what the Arrow types hold.
+3. **Partition paths** (:func:`filesink.schema.partitioning.check_paths`): every row's partition directories, and the
    whole key of its object, fit the output's limits (:mod:`filesink.output.limits`: 255 bytes a directory name,
    1,024 bytes an S3 key, ``PATH_MAX`` a local path), or the batch is refused naming the column, the value's start
    and the limit.
@@ -32,9 +33,9 @@ import pyarrow as pa
 
 from logstore import VNODE_COLUMN
 
-from .output.limits import KeyLimits
-from .schema.conform import SchemaConformError, conform, file_schema
-from .schema.partitioning import PartitionTypeError, check_paths
+from ..output.limits import KeyLimits
+from ..schema.conform import SchemaConformError, conform, file_schema
+from ..schema.partitioning import PartitionTypeError, check_paths
 from .writer import parquet_problem
 
 REFUSED_COLUMN = "refused"
@@ -47,7 +48,7 @@ class Admission:
 
     epoch: int
     file_schema: bytes | None = None
-    """The files' Arrow schema (:func:`filesink.schema.file_schema`), None before the first batch with rows."""
+    """The files' Arrow schema (:func:`filesink.schema.conform.file_schema`), None before the first batch with rows."""
     partition_by: tuple[str, ...] = ()
     limits: KeyLimits | None = None
     """What the output's keys may be (:func:`filesink.output.limits.key_limits`); None checks no paths."""

@@ -3,7 +3,7 @@
 A :class:`FileTask` names a file and the log store data it holds (a read plan). :func:`write_file` streams the
 plan's batches, splits the rows by the Hive partition columns and writes one Parquet object per partition
 value combination, ``<partition dirs>/<name>-<dir digest>.parquet`` (or ``<name>.parquet`` without partitioning;
-:mod:`filesink.output.naming`), the directories named as Spark names them (:mod:`filesink.partitioning`).
+:mod:`filesink.output.naming`), the directories named as Spark names them (:mod:`filesink.schema.partitioning`).
 
 - **Bounded memory**: per partition, rows are buffered until ``row_group_rows`` of them are there, then
   written as row groups of exactly that many rows; nothing else of the file is held in memory (object store
@@ -41,14 +41,14 @@ import pyarrow.parquet as pq
 from logstore import LogBatch, LogLocation, ReadItem, read_plan
 from logstore.failpoints import failpoint
 
-from .arrowvalues import int64_scalar
+from ..arrowvalues import int64_scalar
+from ..errors import FencedError, FileWriteError
+from ..output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
+from ..schema.conform import SchemaConformError, utc_labelled
+from ..schema.conform import conform as conform_to
+from ..schema.evolution import upgrade
+from ..schema.partitioning import legacy_partition_dir, partition_dirs
 from .dictionary import dictionary_columns
-from .errors import FencedError, FileWriteError
-from .output import Fence, ObjectRecord, OutputLocation, OutputObject, object_key, open_target
-from .schema.conform import SchemaConformError, utc_labelled
-from .schema.conform import conform as conform_to
-from .schema.evolution import upgrade
-from .schema.partitioning import legacy_partition_dir, partition_dirs
 
 log = logging.getLogger(__name__)
 
@@ -257,14 +257,14 @@ def _check_task(task: FileTask, schema: pa.Schema) -> None:
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogBatch) -> pa.RecordBatch:
     """``batch`` with exactly ``schema`` (a timestamp's zone label and nested nullability conformed, as at
-    admission: :mod:`filesink.schema`), or FileWriteError."""
+    admission: :mod:`filesink.schema.conform`), or FileWriteError."""
     if batch.schema.equals(schema, check_metadata=True):
         return batch
     where = f"file {task.name}: rows of vnode {item.vnode}, epoch {item.epoch}, segment {item.segment}"
     try:
         return conform_to(batch, schema, where)
     except SchemaConformError as e:
-        upgraded = upgrade(batch, schema)  # rows sealed under an older schema version (filesink.evolution)
+        upgraded = upgrade(batch, schema)  # rows sealed under an older schema version (filesink.schema.evolution)
         if upgraded is None:
             raise FileWriteError(str(e)) from e
         return upgraded
@@ -273,7 +273,7 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, task: FileTask, item: LogB
 def split_partitions(
     batch: pa.RecordBatch, partition_by: tuple[str, ...], data_columns: list[str], *, legacy: bool = False
 ) -> list[tuple[str, pa.RecordBatch]]:
-    """The rows of ``batch`` per partition directory (:mod:`filesink.partitioning`), in input order within each,
+    """The rows of ``batch`` per partition directory (:mod:`filesink.schema.partitioning`), in input order within each,
     without the partition columns. ``legacy``: directories as versions before Spark's text named them."""
     data = batch.select(data_columns)
     if not partition_by:

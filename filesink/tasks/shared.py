@@ -43,7 +43,7 @@ import pyarrow as pa
 from logstore.home import DurableHome, term_path
 from logstore.storage import LogLocation, is_local
 
-from .output import OutputLocation, mark_staging
+from ..output import OutputLocation, mark_staging
 from .taskrows import PROBE_SCHEMA, UNSHARED_COLUMN, probed
 
 if TYPE_CHECKING:  # the tasks import this module: not the state database's side (sqlite-utils imports pandas)
