@@ -32,7 +32,7 @@ from .errors import (
     StateDatabaseError,
     StorageAccessError,
 )
-from .rollover import Rollover
+from .rolling.rollover import Rollover
 
 # The sink (and with it the state database's dependencies) is imported on first use: Spark tasks import this
 # package to write files, and never need it.

@@ -25,7 +25,7 @@ from logstore.storage import is_local
 
 from .destination import TableOptions, table_options
 from .errors import SinkOptionError
-from .rollover import Rollover
+from .rolling.rollover import Rollover
 
 
 def _columns(value: Sequence[str] | None, name: str) -> tuple[str, ...] | None:

@@ -19,14 +19,14 @@ import pyarrow as pa
 from logstore import requestcounts
 from logstore.failpoints import failpoint
 
-from .damage import check_planned, diagnose
+from .committer.damage import check_planned, diagnose
+from .committer.ledger import PlannedFile
 from .errors import NotSharedError, SinkFailedError
-from .ledger import PlannedFile
 from .metrics import figures as metrics_hooks
 from .output import forget_committed, remove_failed_attempts, write_mark
-from .planner import plan
+from .rolling.planner import plan
+from .rolling.sizing import RESAMPLE_GROWTH, sample_ratio
 from .sinkcore import SinkCore, log
-from .sizing import RESAMPLE_GROWTH, sample_ratio
 from .tasks import taskrows
 from .tasks.shared import refusal_message as unshared_message
 from .tasks.writer import WrittenObject, write_file
@@ -40,7 +40,7 @@ class Roll(SinkCore):
 
     def _plan(self, *, force: bool) -> tuple[list[PlannedFile], list[int]]:
         """Plan files with the best estimate of Parquet bytes per log byte: learned from the latest committed
-        files or, before the first, measured on a sample of the held rows (:mod:`filesink.sizing`). A sample is
+        files or, before the first, measured on a sample of the held rows (:mod:`filesink.rolling.sizing`). A sample is
         encoded when the size rule would close a file with at least ``RESAMPLE_GROWTH`` times the rows of the last
         sample, up to one row group of them: the estimate improves as the backlog grows, and a new sink's first
         files reach the target.

@@ -31,7 +31,7 @@ from logstore.store import REBUILD_NOTICE
 
 from . import kafka_gaps, kafka_source
 from . import sink as sink_module
-from .damage import given_up_line
+from .committer.damage import given_up_line
 from .errors import EXIT_OK, InputError
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
 from .localdirs import make_local_dir

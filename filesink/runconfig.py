@@ -11,7 +11,7 @@ from typing import Any
 
 from . import s3options
 from .kafka_source import KafkaOptions
-from .rollover import Rollover
+from .rolling.rollover import Rollover
 from .sink import ExactlyOnceParquetSink
 
 

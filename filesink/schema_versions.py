@@ -1,11 +1,11 @@
 """The sink's schema history at a batch: is the batch's schema the recorded one, a new version, or refused?
 
-A sink records the schema of its first batch as version 1 (:meth:`filesink.ledger.Ledger.record_schema`). A later
-batch with another schema is compared with the newest version (:func:`filesink.schema.evolution.evolve`): a change the
-sink takes becomes the next version, recorded (in the state database and the durable home) after the batch's rows are
-in the log store and before its epoch is sealed (:meth:`~filesink.ledger.Ledger.add_schema_version`); a change it
-does not take refuses the batch before anything of it is written. A version recorded for an epoch that was never
-sealed (a run stopped in between) is taken back when the batch comes again with the older schema.
+A sink records the schema of its first batch as version 1 (:meth:`filesink.committer.ledger.Ledger.record_schema`). A
+later batch with another schema is compared with the newest version (:func:`filesink.schema.evolution.evolve`): a change
+the sink takes becomes the next version, recorded (in the state database and the durable home) after the batch's rows
+are in the log store and before its epoch is sealed (:meth:`~filesink.committer.ledger.Ledger.add_schema_version`); a
+change it does not take refuses the batch before anything of it is written. A version recorded for an epoch that was
+never sealed (a run stopped in between) is taken back when the batch comes again with the older schema.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from .schema.conform import arrow_schema_of, file_schema, schema_problems, spark
 from .schema.evolution import Change, Evolution, evolve
 
 if TYPE_CHECKING:
+    from .committer.ledger import Ledger, SchemaVersion
     from .destination import Destination
-    from .ledger import Ledger, SchemaVersion
 
 
 @dataclass(frozen=True)

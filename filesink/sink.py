@@ -38,15 +38,15 @@ from logstore import LogStore
 
 from .append import Append
 from .batch import BatchAdmission
+from .committer.ledger import Ledger
 from .connect import flush_through_connect, open_described, opened_here
 from .connect import forget as forget
 from .description import SinkDescription, connect_client, pickled_for_foreach_batch
 from .errors import SinkOptionError
-from .ledger import Ledger
 from .metrics.figures import SinkMetrics
 from .output import OutputLocation, release_staging
 from .roll import Roll
-from .rollover import Rollover
+from .rolling.rollover import Rollover
 from .schema_versions import Proposed, fill_missing_columns, filled_schema, propose
 from .sinkcore import START_NOTICE as START_NOTICE
 from .sinkcore import SinkStats as SinkStats

@@ -23,20 +23,20 @@ import pyarrow as pa
 
 from logstore import STATE_DB_NAME, LogStore
 
-from .backlog import BacklogTracker
+from .committer.ledger import Ledger, PlannedFile
 from .description import SinkDescription
 from .destination import Destination
 from .errors import NotSharedError
-from .ledger import Ledger, PlannedFile
 from .lock import LOCK_FILE, StateLock
 from .metrics.figures import MetricsBook
 from .metrics.prometheus import MetricsServer
 from .output import OutputLocation
 from .output.location import STATE_STAGING
-from .planner import file_task
-from .rollover import Rollover
+from .rolling.backlog import BacklogTracker
+from .rolling.planner import file_task
+from .rolling.rollover import Rollover
+from .rolling.sizing import Sample
 from .schema_versions import SchemaTaken
-from .sizing import Sample
 from .tasks.shared import SharedDirs, on_cluster, probe
 from .tasks.shared import refusal_message as unshared_message
 from .tasks.writer import FileTask

@@ -23,11 +23,10 @@ from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
-from .backlog import BacklogTracker
-from .damage import given_up_line
+from .committer.damage import given_up_line
+from .committer.ledger import Ledger
 from .destination import TableFormat, open_destination
 from .errors import OutputClaimedError, SinkOptionError, TableFormatError
-from .ledger import Ledger
 from .localdirs import make_local_dir
 from .lock import StateLock
 from .metrics import figures as metrics_hooks
@@ -35,6 +34,7 @@ from .metrics.figures import MetricsBook
 from .metrics.prometheus import serve
 from .output import CLAIM_NAME, OutputLocation, claim_output, prepare_staging
 from .output.location import OUTPUT_STAGING
+from .rolling.backlog import BacklogTracker
 from .s3options import remember
 from .sinkcore import START_NOTICE, STATE_NAMES, SinkCore, SinkStats, listdir, log
 from .tasks.shared import shared_dirs

@@ -15,7 +15,7 @@ from filesink.lock import StateLock, lock_holder
 from filesink.output import records
 from filesink.output.claim import check_claim
 from filesink.output.probe import check_s3
-from filesink.planner import writer_ranges
+from filesink.rolling.planner import writer_ranges
 from filesink.words import plural
 from logstore.storage import is_local
 

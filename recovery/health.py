@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filesink.ledger import Ledger
+from filesink.committer.ledger import Ledger
 from filesink.lock import LOCK_FILE
 from logstore import LogStore
 from logstore.home import describe_age, term_path

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from filesink.committer.ledger import Ledger
 from filesink.errors import EXIT_OK, LogStoreMovedError, SinkLockedError
-from filesink.ledger import Ledger
 from filesink.lock import StateLock, lock_holder
 from filesink.output import OutputLocation
 from filesink.output.claim import CLAIM_NAME, move_claim, read_claim

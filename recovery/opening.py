@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filesink.committer.ledger import Ledger, PlannedFile
 from filesink.destination import Destination, TableFormat, open_destination, table_options
-from filesink.ledger import Ledger, PlannedFile
 from filesink.output import OutputLocation
 from filesink.output.probe import check_s3
-from filesink.planner import file_task
+from filesink.rolling.planner import file_task
 from filesink.s3options import from_args, with_remembered
 from filesink.tasks.writer import FileTask
 from logstore import LogLocation, LogStore, NoLogStoreError

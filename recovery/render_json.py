@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from filesink.ledger import PlannedFile, SchemaVersion
+from filesink.committer.ledger import PlannedFile, SchemaVersion
 from logstore import DamagedSegment, GivenUp
 
 from .resolve import RecoveryPlan

@@ -9,7 +9,7 @@
    truncate points;
 2. fence older writers: rename their staging directories away (local), abort their recorded multipart
    uploads (S3); from here on no file's visibility can change behind recovery's back;
-   then look for damaged log segments the sink still needs (:mod:`filesink.damage`): stop with
+   then look for damaged log segments the sink still needs (:mod:`filesink.committer.damage`): stop with
    :class:`DamagedLogError` before any file is resolved or anything deleted, or, with ``drop_damaged``, give
    them up (:meth:`logstore.LogStore.give_up`);
 3. for each pending file, check visibility (objects exist, sizes as their writer recorded) and act:
@@ -24,7 +24,7 @@
 :func:`plan_recovery` only looks (steps 3 and 4 as they would be now). The sink runs :func:`apply_recovery`
 at every start; ``filesink recover`` runs both.
 
-Recovery is a client of the log store, the ledger (:mod:`filesink.ledger`) and the output's owner
+Recovery is a client of the log store, the ledger (:mod:`filesink.committer.ledger`) and the output's owner
 (:mod:`filesink.output`); it touches no table and no output file itself.
 """
 
@@ -38,10 +38,10 @@ from enum import StrEnum
 
 import pyarrow as pa
 
-from filesink.damage import damaged_error
+from filesink.committer.damage import damaged_error
+from filesink.committer.ledger import Ledger, PlannedFile
 from filesink.destination import Destination
 from filesink.errors import StateBehindError
-from filesink.ledger import Ledger, PlannedFile
 from filesink.output import (
     ObjectRecord,
     OutputGarbage,

@@ -118,7 +118,9 @@ def _within(name: str, prefix: str) -> bool:
 
 
 def test_the_modules_are_found():
-    assert {"logstore.store", "filesink.ledger", "filesink.output.fencing", "recovery.resolve"} <= set(MODULES)
+    assert {"logstore.store", "filesink.committer.ledger", "filesink.output.fencing", "recovery.resolve"} <= set(
+        MODULES
+    )
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -131,7 +133,13 @@ def test_imports_go_down_the_layers(module):
 
 def test_the_commit_path_does_not_import_recovery():
     """Only the sink's start-up runs recovery: every module the per-epoch path uses stays below it."""
-    for module in ("filesink.planner", "filesink.ledger", "filesink.tasks.writer", "filesink.backlog", OUTPUT):
+    for module in (
+        "filesink.rolling.planner",
+        "filesink.committer.ledger",
+        "filesink.tasks.writer",
+        "filesink.rolling.backlog",
+        OUTPUT,
+    ):
         assert not any(_within(m, "recovery") for m in _imports(module)), module
     roll = ast.parse(MODULES["filesink.roll"].read_text())
     rolls = [n for n in ast.walk(roll) if isinstance(n, ast.FunctionDef) and n.name in ("_roll", "_roll_steps")]
@@ -179,8 +187,8 @@ def test_what_recover_prints_opens_nothing(module):
     records = {"PlannedFile", "SchemaVersion", "DamagedSegment", "GivenUp"}
     for node in ast.walk(ast.parse(MODULES[module].read_text())):
         if isinstance(node, ast.Import):
-            assert not {a.name for a in node.names} & {"logstore", "filesink.ledger"}, module
-        elif isinstance(node, ast.ImportFrom) and node.module in ("logstore", "filesink.ledger"):
+            assert not {a.name for a in node.names} & {"logstore", "filesink.committer.ledger"}, module
+        elif isinstance(node, ast.ImportFrom) and node.module in ("logstore", "filesink.committer.ledger"):
             taken = {a.name for a in node.names}
             assert taken <= records, f"{module} takes {sorted(taken - records)} from {node.module}"
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..ledger import PlannedFile
+    from ..committer.ledger import PlannedFile
     from ..output import OutputLocation
     from ..schema.evolution import Change
     from ..tasks.writer import WrittenObject

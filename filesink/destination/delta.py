@@ -53,7 +53,7 @@ from .delta_log import DeltaLog, LogState, UnsupportedLogError, add_path, entry_
 from .partitions import partition_texts, typed_value
 
 if TYPE_CHECKING:
-    from ..ledger import PlannedFile
+    from ..committer.ledger import PlannedFile
     from ..tasks.writer import WrittenObject
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from .base import Destination, TableFormat
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from ..ledger import PlannedFile
+    from ..committer.ledger import PlannedFile
     from ..tasks.writer import WrittenObject
 
 

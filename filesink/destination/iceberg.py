@@ -106,7 +106,7 @@ from .catalogs import catalog_refusal, table_location
 from .partitions import partition_texts, typed_value
 
 if TYPE_CHECKING:
-    from ..ledger import PlannedFile
+    from ..committer.ledger import PlannedFile
     from ..tasks.writer import WrittenObject
 
 log = logging.getLogger(__name__)

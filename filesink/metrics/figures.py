@@ -49,8 +49,8 @@ from ..errors import (
 if TYPE_CHECKING:
     from logstore import LogStore
 
-    from ..backlog import BacklogTracker
-    from ..ledger import PlannedFile
+    from ..committer.ledger import PlannedFile
+    from ..rolling.backlog import BacklogTracker
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Upper bounds in seconds of the duration histograms' buckets (Prometheus adds ``+Inf``)."""
@@ -214,7 +214,7 @@ class MetricsBook:
                     self._tasks[key] = self._tasks.get(key, 0) + n
 
     def held(self, summary: tuple[int, int, int, float | None]) -> None:
-        """What the log store holds now (:meth:`filesink.backlog.BacklogTracker.summary`)."""
+        """What the log store holds now (:meth:`filesink.rolling.backlog.BacklogTracker.summary`)."""
         with self._lock:
             self._held = summary
 

@@ -1,5 +1,5 @@
 """The planner's cost per batch as the backlog grows: the backlog kept in memory (what a sink does,
-``filesink/backlog.py``) next to the backlog read whole from the state database at every plan (before).
+``filesink/rolling/backlog.py``) next to the backlog read whole from the state database at every plan (before).
 
 Not a test (pytest does not collect it). Run from the repository root::
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from filesink.backlog import BacklogTracker
-from filesink.planner import plan
-from filesink.rollover import Rollover
+from filesink.rolling.backlog import BacklogTracker
+from filesink.rolling.planner import plan
+from filesink.rolling.rollover import Rollover
 from logstore import VNODE_COLUMN, LogStore
 
 CHECKPOINTS = (10, 30, 100, 300, 600, 1000, 3000)

@@ -35,7 +35,7 @@ import bench_sinks_data as data
 def _steps() -> list[tuple[Any, list[str]]]:
     """The timed steps: the batch, its append job and its roll (plan, with the sample encodes of a new sink;
     pre-commit; the file-writing job; commit), seal and garbage collection."""
-    import filesink.ledger
+    import filesink.committer.ledger
     import filesink.roll
     import filesink.sink
     import logstore.store
@@ -44,7 +44,7 @@ def _steps() -> list[tuple[Any, list[str]]]:
         (filesink.sink.ExactlyOnceParquetSink, ["__call__", "_append", "_roll", "_plan", "_write"]),
         (filesink.roll, ["sample_ratio"]),
         (logstore.store.LogStore, ["seal", "collect_garbage"]),
-        (filesink.ledger.Ledger, ["precommit", "commit"]),
+        (filesink.committer.ledger.Ledger, ["precommit", "commit"]),
     ]
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from filesink.committer.ledger import PlannedFile
 from filesink.destination import open_destination, table_options
-from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
 from filesink.tasks.writer import WrittenObject
 

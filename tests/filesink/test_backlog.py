@@ -1,4 +1,4 @@
-"""The planner's backlog kept in memory (filesink/backlog.py) against the backlog read whole from the state
+"""The planner's backlog kept in memory (filesink/rolling/backlog.py) against the backlog read whole from the state
 database: after random seals, truncations, garbage collections and rescales, the two plan the same files and
 report the same idle vnodes, and the per-writer sums match sums taken from the database."""
 
@@ -10,9 +10,9 @@ import random
 import pyarrow as pa
 import pytest
 
-from filesink.backlog import BacklogTracker
-from filesink.planner import plan, writer_ranges
-from filesink.rollover import Rollover
+from filesink.rolling.backlog import BacklogTracker
+from filesink.rolling.planner import plan, writer_ranges
+from filesink.rolling.rollover import Rollover
 from logstore import VNODE_COLUMN, LogStore
 
 VNODES = 16
@@ -97,7 +97,7 @@ def test_idle_vnodes_come_from_the_log_store_even_when_memory_is_wrong(tmp_path,
     before = tracker.refresh()
     lost = sorted(before.epochs)[0]
     del tracker._epochs[lost]  # what a bug in the incremental update would do
-    with caplog.at_level(logging.WARNING, logger="filesink.backlog"):
+    with caplog.at_level(logging.WARNING, logger="filesink.rolling.backlog"):
         after = tracker.refresh()
     assert lost not in after.idle
     assert lost in after.epochs

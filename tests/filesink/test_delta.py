@@ -115,7 +115,7 @@ def test_a_commit_that_landed_is_not_made_again_even_when_its_files_are_gone(tmp
     """A user's compaction and vacuum can remove the files after the table held them: the table alone decides."""
     sink = _open(tmp_path)
     expected = _epochs(sink, range(3))
-    from filesink import ledger as ledger_module
+    from filesink.committer import ledger as ledger_module
 
     def crash(self, *args, **kwargs):
         raise RuntimeError("the driver died after the table's commit")
@@ -303,7 +303,7 @@ def test_a_lost_state_directory_and_a_rescale_finish_the_table_exactly_once(tmp_
     driver with another parallelism rebuilds from the durable home, finds the files in the table, and goes on."""
     if table_format == "iceberg":
         pytest.importorskip("pyiceberg")
-    from filesink import ledger as ledger_module
+    from filesink.committer import ledger as ledger_module
 
     sink = _durable(tmp_path, "state-a", table_format)
     expected = _epochs(sink, range(3))

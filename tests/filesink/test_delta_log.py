@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from filesink.committer.ledger import PlannedFile
 from filesink.destination import open_destination, table_options
 from filesink.errors import TableCommitFailedError
-from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
 from filesink.schema.partitioning import escape
 from filesink.tasks.writer import WrittenObject

@@ -26,7 +26,7 @@ from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.output.fencing import PREFIX, term_dir
 from filesink.output.location import SHARED_PREFIX
 from filesink.output.multipart import list_uploads
-from filesink.planner import plan
+from filesink.rolling.planner import plan
 from filesink.tasks.writer import write_file
 from logstore.failpoints import ENV_VAR, FailpointError
 from logstore.home import TERM_FILE

@@ -22,11 +22,11 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
 from filesink import ExactlyOnceParquetSink
+from filesink.committer.ledger import PlannedFile
 from filesink.destination import iceberg as iceberg_module
 from filesink.destination import open_destination, table_options
 from filesink.destination.iceberg import EMBEDDED_CATALOG, IcebergDestination, file_io_properties, marks_property
 from filesink.errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
-from filesink.ledger import PlannedFile
 from filesink.output import OutputLocation
 from filesink.schema.partitioning import partition_dirs
 from filesink.tasks.writer import WrittenObject

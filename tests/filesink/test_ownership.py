@@ -16,7 +16,7 @@ import pytest
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, FencedError, Rollover
-from filesink.ledger import Ledger
+from filesink.committer.ledger import Ledger
 from filesink.output.objects import LocalObject
 from logstore import StateDivergedError
 from logstore.home import TERMS, DurableHome

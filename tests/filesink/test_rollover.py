@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from filesink.errors import SinkOptionError
-from filesink.rollover import MAX_FILL, MIN_FILL, Decision, EpochBacklog, Rollover, choose_end_epoch
+from filesink.rolling.rollover import MAX_FILL, MIN_FILL, Decision, EpochBacklog, Rollover, choose_end_epoch
 
 NOW = 1_000_000.0
 

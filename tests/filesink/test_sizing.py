@@ -8,8 +8,9 @@ import pyarrow as pa
 import pytest
 from sink_helpers import append_epoch, batch_rows
 
-from filesink import ExactlyOnceParquetSink, Rollover, sizing
-from filesink.sizing import column_groups, encoded_size, sample_ratio
+from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.rolling import sizing
+from filesink.rolling.sizing import column_groups, encoded_size, sample_ratio
 from filesink.tasks.writer import write_file
 
 NO_RULES = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)

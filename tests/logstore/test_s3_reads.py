@@ -21,7 +21,7 @@ from faultproxy import FaultProxy
 
 from filesink.demo.s3server import S3Settings
 from filesink.output import OutputLocation
-from filesink.sizing import first_rows, sample_ratio
+from filesink.rolling.sizing import first_rows, sample_ratio
 from filesink.tasks.writer import FileTask, write_file
 from logstore import (
     LogLocation,

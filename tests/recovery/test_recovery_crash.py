@@ -25,7 +25,7 @@ from helpers import run
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.planner import plan
+from filesink.rolling.planner import plan
 from filesink.tasks.writer import write_file
 from logstore import VNODE_COLUMN
 from logstore.failpoints import ENV_VAR, FailpointError

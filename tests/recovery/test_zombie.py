@@ -23,7 +23,7 @@ from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, r
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.output import is_file_name
 from filesink.output.fencing import PREFIX
-from filesink.planner import plan
+from filesink.rolling.planner import plan
 from filesink.tasks.writer import write_file
 from logstore.home import TERM_FILE
 

@@ -19,14 +19,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import recovery.cli
-from filesink.backlog import BacklogTracker
+from filesink.committer.ledger import Ledger, PlannedFile
 from filesink.description import SinkDescription
 from filesink.destination import DirectoryDestination, TableOptions
 from filesink.errors import FileSinkError
-from filesink.ledger import Ledger, PlannedFile
 from filesink.metrics.figures import MetricsBook
-from filesink.planner import file_task
-from filesink.rollover import Rollover
+from filesink.rolling.backlog import BacklogTracker
+from filesink.rolling.planner import file_task
+from filesink.rolling.rollover import Rollover
 from filesink.sink import ExactlyOnceParquetSink, SinkStats
 from logstore import LogStore, SegmentDescriptor, append_segment
 from logstore.conditional import require_conditional_create

@@ -117,7 +117,7 @@ MODEL: dict[str, Callable[..., Any]] = {
 ROUTED = ("recovery.resolve", "filesink.sink", "filesink.start", "filesink.roll")
 """Modules whose output calls are routed (the names they imported that :data:`MODEL` knows)."""
 PRODUCT = ("logstore", "filesink", "recovery")
-MIGRATING = ("logstore.store", "filesink.ledger")
+MIGRATING = ("logstore.store", "filesink.committer.ledger")
 """Modules that apply the state database's migrations at every open (the check alone costs more than a run's
 storage calls: it is skipped for databases copied from the simulation's template)."""
 

@@ -13,7 +13,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
-from filesink.rollover import Rollover
+from filesink.rolling.rollover import Rollover
 
 from .actors import REFUSALS, Driver, Habits, recover_apply, refused
 from .checker import check

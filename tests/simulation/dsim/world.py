@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import sqlite_utils
 
-from filesink import ledger
+from filesink.committer import ledger
 from logstore import VNODE_COLUMN, statedb
 
 from .output import ModelOutput, Row

@@ -38,8 +38,8 @@ from logstore.failpoints import failpoint
 from logstore.home import FILES, SINK_RECORD, file_path
 from logstore.statedb import apply_migrations, db_errors, translated
 
-from .errors import CommitConflictError, FencedError, SinkOptionError
-from .schema.conform import file_schema_bytes
+from ..errors import CommitConflictError, FencedError, SinkOptionError
+from ..schema.conform import file_schema_bytes
 
 IDENTITY = ("output", "key_columns", "partition_by", "table_format", "table")
 """What makes a sink the sink it is, besides its id and its log store: kept for life."""

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import SinkOptionError
+from ..errors import SinkOptionError
 
 MIN_FILL = 0.8
 """A size-driven file is closed once its estimated size reaches this fraction of the target."""

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from logstore import ReadItem, read_plan
 from logstore.segment import Block
 
-from .tasks.writer import FileTask, conform, file_schemas, parquet_options, split_partitions
+from ..tasks.writer import FileTask, conform, file_schemas, parquet_options, split_partitions
 
 log = logging.getLogger(__name__)
 

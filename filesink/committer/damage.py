@@ -21,7 +21,7 @@ from pathlib import Path
 from logstore import DamagedSegment, GivenUp, LogStore
 from logstore.segment import describe_vnodes
 
-from .errors import DamagedLogError
+from ..errors import DamagedLogError
 from .ledger import PlannedFile
 
 SHOWN = 5

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 from logstore import LogStore
 
+from ..committer.ledger import Ledger, PlannedFile
+from ..output import file_name
+from ..tasks.writer import FileTask
 from .backlog import BacklogTracker
-from .ledger import Ledger, PlannedFile
-from .output import file_name
 from .rollover import EpochBacklog, Rollover, choose_end_epoch
-from .tasks.writer import FileTask
 
 
 def writer_ranges(vnodes: int, parallelism: int) -> list[range]:
