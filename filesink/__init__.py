@@ -38,14 +38,14 @@ from .rolling.rollover import Rollover
 # package to write files, and never need it.
 if TYPE_CHECKING:
     from .metrics.figures import SinkMetrics
-    from .sink import ExactlyOnceParquetSink, SinkStats
+    from .sink.face import ExactlyOnceParquetSink, SinkStats
 
 
 def __getattr__(name: str) -> Any:
     if name not in ("ExactlyOnceParquetSink", "SinkStats", "SinkMetrics"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import sink
     from .metrics import figures as metrics
+    from .sink import face as sink
 
     value = getattr(metrics if name == "SinkMetrics" else sink, name)
     globals()[name] = value

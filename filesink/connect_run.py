@@ -2,7 +2,7 @@
 
 This process is a thin client. Every path it is given (input, output, state directory, checkpoint, log store) is
 the server's: nothing is checked or created here, and the sink opens on the server at its first batch (see
-:mod:`filesink.description`). What differs from a run on local or classic Spark:
+:mod:`filesink.sink.description`). What differs from a run on local or classic Spark:
 
 - JSON and CSV input need ``--schema`` (the schema the sink recorded is in its state, on the server); Parquet input
   without it is read with the files' schemas merged by Spark (``mergeSchema``: new columns and struct fields; a

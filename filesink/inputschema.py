@@ -30,10 +30,10 @@ import pyarrow as pa
 from .errors import InputError, SchemaMismatchError
 from .schema.conform import file_schema
 from .schema.evolution import evolve
-from .schema_versions import TAKEN
+from .sink.schema_versions import TAKEN
 
 if TYPE_CHECKING:
-    from .sink import ExactlyOnceParquetSink
+    from .sink.face import ExactlyOnceParquetSink
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 from logstore import LogStore, LogStoreError
 from recovery.resolve import Action, RecoveryPlan
 
-from .sink import SinkStats
+from .sink.face import SinkStats
 from .words import plural, size
 
 

@@ -30,7 +30,6 @@ from logstore.storage import is_local
 from logstore.store import REBUILD_NOTICE
 
 from . import kafka_gaps, kafka_source
-from . import sink as sink_module
 from .committer.damage import given_up_line
 from .errors import EXIT_OK, InputError
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
@@ -39,7 +38,8 @@ from .preflight import check_input, check_master, check_named_columns, check_s3,
 from .progress import Progress, committed_line, held, recovered_commits, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
-from .sink import START_NOTICE, ExactlyOnceParquetSink
+from .sink import face as sink_module
+from .sink.face import START_NOTICE, ExactlyOnceParquetSink
 from .sourcelog import check_replay
 from .warmup import start_python_workers
 from .words import plural
@@ -49,7 +49,10 @@ from .words import plural
 def _start_notices_said_here() -> Iterator[None]:
     """Drop the sink's and the log store's log records of what its start found (:data:`START_NOTICE`,
     :data:`logstore.store.REBUILD_NOTICE`): :func:`_report_recovery` says it once, in full."""
-    loggers = [logging.getLogger(sink_module.__name__), logging.getLogger(logstore_store.__name__)]
+    loggers = [
+        logging.getLogger("filesink.sink"),
+        logging.getLogger(logstore_store.__name__),
+    ]  # every role of the sink logs as filesink.sink
 
     def said_here(record: logging.LogRecord) -> bool:
         return not getattr(record, START_NOTICE, False) and not getattr(record, REBUILD_NOTICE, False)

@@ -12,7 +12,7 @@ from typing import Any
 from . import s3options
 from .kafka_source import KafkaOptions
 from .rolling.rollover import Rollover
-from .sink import ExactlyOnceParquetSink
+from .sink.face import ExactlyOnceParquetSink
 
 
 @dataclass

@@ -19,7 +19,7 @@ from logstore import LogStoreError
 
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, FileSinkError
 from .runconfig import RunConfig
-from .sink import ExactlyOnceParquetSink
+from .sink.face import ExactlyOnceParquetSink
 from .sourcelog import local_path
 
 KILL_EXIT = EXIT_INTERRUPTED

@@ -17,13 +17,13 @@ PACKAGES = ("logstore", "filesink", "recovery")
 TOP = {
     "filesink",
     "filesink.sink",
-    "filesink.sinkcore",
-    "filesink.start",
-    "filesink.batch",
-    "filesink.append",
-    "filesink.roll",
-    "filesink.connect",
-    "filesink.description",
+    "filesink.sink.core",
+    "filesink.sink.start",
+    "filesink.sink.batch",
+    "filesink.sink.append",
+    "filesink.sink.roll",
+    "filesink.sink.connect",
+    "filesink.sink.description",
     "filesink.run",
     "filesink.runconfig",
     "filesink.runquery",
@@ -39,7 +39,7 @@ TOP = {
 """The layer above recovery: the sink object, its face and its roles (its start runs recovery; the package's
 ``__init__`` is its public face), where a sink opens (its description, under Spark Connect), the commands and what
 only they use."""
-ROLES = ("filesink.start", "filesink.batch", "filesink.append", "filesink.roll")
+ROLES = ("filesink.sink.start", "filesink.sink.batch", "filesink.sink.append", "filesink.sink.roll")
 """The sink's roles: the face (``filesink.sink``) inherits their steps, each over the state of ``filesink.sinkcore``."""
 RECOVER_COMMAND = ("recovery.cli", "recovery.__main__", "recovery.commands", "recovery.move", "recovery.render_text")
 """``filesink recover``'s parser, its steps and their text, on the commands' layer; what they share with other
@@ -141,7 +141,7 @@ def test_the_commit_path_does_not_import_recovery():
         OUTPUT,
     ):
         assert not any(_within(m, "recovery") for m in _imports(module)), module
-    roll = ast.parse(MODULES["filesink.roll"].read_text())
+    roll = ast.parse(MODULES["filesink.sink.roll"].read_text())
     rolls = [n for n in ast.walk(roll) if isinstance(n, ast.FunctionDef) and n.name in ("_roll", "_roll_steps")]
     assert len(rolls) == 2
     called = {n.func.id for r in rolls for n in ast.walk(r) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
@@ -151,21 +151,21 @@ def test_the_commit_path_does_not_import_recovery():
 def test_only_the_sinks_start_imports_recovery():
     """Of the sink's modules, its start runs recovery; the face, the core, the other roles and the open sinks of a
     process (Spark Connect) do not import it."""
-    sinks = ("filesink.sink", "filesink.sinkcore", *ROLES, "filesink.connect")
+    sinks = ("filesink.sink", "filesink.sink.core", *ROLES, "filesink.sink.connect")
     importing = sorted(m for m in sinks if any(_within(i, "recovery") for i in _imports(m)))
-    assert importing == ["filesink.start"]
+    assert importing == ["filesink.sink.start"]
 
 
 def test_the_face_imports_the_roles_and_each_role_the_core_only():
     """The face inherits every role; a role reads the sink's state through ``filesink.sinkcore``, never through the
     face or another role; ``filesink.connect`` knows the sink only as what the face hands it."""
-    assert set(ROLES) | {"filesink.connect", "filesink.sinkcore"} <= _imports("filesink.sink")
-    sinks = {"filesink.sink", *ROLES, "filesink.connect"}
+    assert set(ROLES) | {"filesink.sink.connect", "filesink.sink.core"} <= _imports("filesink.sink")
+    sinks = {"filesink.sink", *ROLES, "filesink.sink.connect"}
     for module in ROLES:
-        assert "filesink.sinkcore" in _imports(module), module
+        assert "filesink.sink.core" in _imports(module), module
         assert not sinks & (_imports(module) - {module}), module
-    assert not (sinks | {"filesink.sinkcore"}) & _imports("filesink.connect")
-    assert not sinks & _imports("filesink.sinkcore")
+    assert not (sinks | {"filesink.sink.core"}) & _imports("filesink.sink.connect")
+    assert not sinks & _imports("filesink.sink.core")
 
 
 def test_the_two_command_lines_do_not_import_each_other_both_ways():
@@ -207,8 +207,8 @@ def test_no_two_modules_import_each_other(module):
 def test_a_sink_description_and_the_connect_run_import_one_way():
     """The sink imports its description, never the reverse; ``filesink run`` hands a run through Spark Connect to
     ``filesink.connect_run``, which shares the run's pieces through ``runconfig`` and ``runquery``, not ``run``."""
-    assert "filesink.description" in _imports("filesink.sink")
-    assert not any(_within(m, "filesink.sink") for m in _imports("filesink.description"))
+    assert "filesink.sink.description" in _imports("filesink.sink")
+    assert not any(_within(m, "filesink.sink") for m in _imports("filesink.sink.description"))
     assert "filesink.connect_run" in _imports("filesink.run")
     assert not any(_within(m, "filesink.run") for m in _imports("filesink.connect_run"))
 

@@ -613,7 +613,7 @@ class IcebergDestination(Destination):
         if NAME_MAPPING not in metadata.properties:
             properties[NAME_MAPPING] = metadata.schema().name_mapping.model_dump_json()
         summary = {
-            "filesink.sink-id": self.sink_id,
+            "filesink.sink.face-id": self.sink_id,
             "filesink.files": ",".join(f.name for f in pending),
             "filesink.epochs": f"{min(min(f.starts.values(), default=f.end_epoch) for f in pending)}-"
             f"{max(f.end_epoch for f in pending)}",

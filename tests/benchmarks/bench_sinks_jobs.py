@@ -54,7 +54,7 @@ class OurSinkBatches:
     """foreachBatch: our sink, recording when each batch ended and why each file was rolled."""
 
     def __init__(self, spec: dict[str, Any], ends: list[dict[str, Any]]) -> None:
-        import filesink.roll as roll_module
+        import filesink.sink.roll as roll_module
         from filesink import ExactlyOnceParquetSink, Rollover
 
         self.reasons: dict[str, str] = {}

@@ -36,13 +36,13 @@ def _steps() -> list[tuple[Any, list[str]]]:
     """The timed steps: the batch, its append job and its roll (plan, with the sample encodes of a new sink;
     pre-commit; the file-writing job; commit), seal and garbage collection."""
     import filesink.committer.ledger
-    import filesink.roll
-    import filesink.sink
+    import filesink.sink.face
+    import filesink.sink.roll
     import logstore.store
 
     return [
-        (filesink.sink.ExactlyOnceParquetSink, ["__call__", "_append", "_roll", "_plan", "_write"]),
-        (filesink.roll, ["sample_ratio"]),
+        (filesink.sink.face.ExactlyOnceParquetSink, ["__call__", "_append", "_roll", "_plan", "_write"]),
+        (filesink.sink.roll, ["sample_ratio"]),
         (logstore.store.LogStore, ["seal", "collect_garbage"]),
         (filesink.committer.ledger.Ledger, ["precommit", "commit"]),
     ]

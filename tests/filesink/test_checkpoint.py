@@ -8,8 +8,8 @@ import json
 import fsspec
 import pytest
 
-from filesink.checkpoint import checkpoint_query_id, fsspec_url
 from filesink.errors import SinkOptionError
+from filesink.sink.checkpoint import checkpoint_query_id, fsspec_url
 
 QUERY_ID = "6f1c2a34-9b7e-4c1d-8a2f-0e5d4b3c2a19"
 

@@ -216,7 +216,7 @@ def test_commit_with_the_embedded_catalog_reads_back_exactly(tmp_path: Path) -> 
     table = d.catalog().load_table(TABLE)
     assert len(table.metadata.snapshots) == 1
     assert table.location() == f"file://{out}"
-    assert summary(table)["filesink.sink-id"] == SINK and summary(table)["filesink.files"] == "part-a,part-b"
+    assert summary(table)["filesink.sink.face-id"] == SINK and summary(table)["filesink.files"] == "part-a,part-b"
     assert json.loads(table.properties[marks_property(SINK)]) == {"0": 5, "1": 5, "2": 5}
     assert "commit.retry.num-retries" not in table.properties  # turned off in memory only
     partitions = sorted(r["partition"]["country"] for r in table.inspect.files().to_pylist())

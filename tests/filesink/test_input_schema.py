@@ -20,8 +20,8 @@ from filesink.inputschema import as_spark_reads, check_against_sink, read_footer
 from filesink.preflight import check_input
 from filesink.progress import Progress
 from filesink.schema.evolution import Change
-from filesink.schema_versions import SchemaTaken
-from filesink.sink import SinkStats
+from filesink.sink.face import SinkStats
+from filesink.sink.schema_versions import SchemaTaken
 
 
 def _land(directory: Path, name: str, columns: dict[str, pa.Array], at: float) -> Path:

@@ -67,7 +67,7 @@ def test_before_its_first_file_a_sink_plans_by_a_sample_and_then_by_what_it_wrot
         samples.append(result.rows)
         return result
 
-    monkeypatch.setattr("filesink.roll.sample_ratio", sample)
+    monkeypatch.setattr("filesink.sink.roll.sample_ratio", sample)
     target = 24 * 1024
     sink = ExactlyOnceParquetSink(
         str(tmp_path / "out"),

@@ -157,7 +157,7 @@ def read_iceberg(path: str, options: dict[str, Any] | None, target: TableTarget)
         files={_uri(f["file_path"]).removeprefix(root): f["file_size_in_bytes"] for f in files},
         commits=[s["filesink.files"].split(",") for s in ours],
         versions=len(snapshots),
-        sink_id=ours[0]["filesink.sink-id"] if ours else None,
+        sink_id=ours[0]["filesink.sink.face-id"] if ours else None,
         metadata_location=table.metadata_location,
     )
 

@@ -415,7 +415,7 @@ class Harness:
         sink._destination.settle(timeout=120)
         sink._state_lock.release()
         sink.log_store.close()
-        from filesink.sink import forget
+        from filesink.sink.face import forget
 
         forget(sink)
 

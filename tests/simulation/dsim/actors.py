@@ -20,14 +20,14 @@ from typing import Any
 
 import recovery.cli
 from filesink.committer.ledger import Ledger, PlannedFile
-from filesink.description import SinkDescription
 from filesink.destination import DirectoryDestination, TableOptions
 from filesink.errors import FileSinkError
 from filesink.metrics.figures import MetricsBook
 from filesink.rolling.backlog import BacklogTracker
 from filesink.rolling.planner import file_task
 from filesink.rolling.rollover import Rollover
-from filesink.sink import ExactlyOnceParquetSink, SinkStats
+from filesink.sink.description import SinkDescription
+from filesink.sink.face import ExactlyOnceParquetSink, SinkStats
 from logstore import LogStore, SegmentDescriptor, append_segment
 from logstore.conditional import require_conditional_create
 from logstore.errors import LogStoreError, SegmentError

@@ -114,7 +114,7 @@ MODEL: dict[str, Callable[..., Any]] = {
     "remove_failed_attempts": lambda out, *a, **k: 0,
     "write_file": lambda out, task, *a, **k: out.write(task),
 }
-ROUTED = ("recovery.resolve", "filesink.sink", "filesink.start", "filesink.roll")
+ROUTED = ("recovery.resolve", "filesink.sink.face", "filesink.sink.start", "filesink.sink.roll")
 """Modules whose output calls are routed (the names they imported that :data:`MODEL` knows)."""
 PRODUCT = ("logstore", "filesink", "recovery")
 MIGRATING = ("logstore.store", "filesink.committer.ledger")

@@ -5,10 +5,10 @@ sink, and the sink opens at once (lock, recovery, timer), so errors show when it
 the client pickles the ``foreachBatch`` function and the server runs it in a Python process of its own (one per
 query start, see ``docs/configuration.md``). There the sink is its :class:`SinkDescription`: created on the
 client it checks its options only; unpickled on the server it opens at its first batch, through
-:func:`filesink.connect.open_described`, which keeps one open sink per state directory and process, so that the
+:func:`filesink.sink.connect.open_described`, which keeps one open sink per state directory and process, so that the
 lock, recovery and the idle-rollover timer happen once per open sink even if the description is unpickled more than
-once. The sink itself is in :mod:`filesink.sink`, the open sinks of a process and ``flush()`` through Connect in
-:mod:`filesink.connect`: this module imports nothing of either.
+once. The sink itself is in :mod:`filesink.sink.face`, the open sinks of a process and ``flush()`` through Connect in
+:mod:`filesink.sink.connect`: this module imports nothing of either.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 from logstore import VNODE_COLUMN
 from logstore.storage import is_local
 
-from .destination import TableOptions, table_options
-from .errors import SinkOptionError
-from .rolling.rollover import Rollover
+from ..destination import TableOptions, table_options
+from ..errors import SinkOptionError
+from ..rolling.rollover import Rollover
 
 
 def _columns(value: Sequence[str] | None, name: str) -> tuple[str, ...] | None:

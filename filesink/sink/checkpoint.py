@@ -15,7 +15,7 @@ from typing import Any
 
 from logstore.storage import open_filesystem
 
-from .errors import SinkOptionError
+from ..errors import SinkOptionError
 
 HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}
 """Hadoop's names for S3 in a checkpointLocation, and fsspec's."""

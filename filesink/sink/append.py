@@ -16,14 +16,14 @@ import pyarrow as pa
 
 from logstore import VNODE_COLUMN, SegmentDescriptor, append_segment, requestcounts
 
-from .errors import BatchRefusedError, NotSharedError
-from .output.limits import key_limits
-from .schema.conform import hashable_columns
+from ..errors import BatchRefusedError, NotSharedError
+from ..output.limits import key_limits
+from ..schema.conform import hashable_columns
+from ..tasks import taskrows
+from ..tasks.admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
+from ..tasks.shared import refusal_message as unshared_message
+from .core import SinkCore
 from .schema_versions import NewVersion
-from .sinkcore import SinkCore
-from .tasks import taskrows
-from .tasks.admission import REFUSED_COLUMN, Admission, Refusal, refusal_message
-from .tasks.shared import refusal_message as unshared_message
 
 
 class Append(SinkCore):

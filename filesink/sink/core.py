@@ -1,12 +1,12 @@
 """What every role of the sink reads and writes: the state a sink object holds, in one place.
 
-The sink (:class:`filesink.sink.ExactlyOnceParquetSink`, the face users construct) is made of its roles, each in a
+The sink (:class:`filesink.sink.face.ExactlyOnceParquetSink`, the face users construct) is made of its roles, each in a
 module named for it, in the manner of a Flink Sink V2's writer, committer and face: its start
-(:mod:`filesink.start`: claims, refusals, the owner lease, recovery), a batch's admission on the driver
-(:mod:`filesink.batch`), the append (:mod:`filesink.append`), the roll and the idle timer (:mod:`filesink.roll`),
-and the sinks open in a process under Spark Connect (:mod:`filesink.connect`). Each role is a class of methods over
-the state declared here (:class:`SinkCore`); the face inherits them all, so a sink is one object, pickled as its
-description as before.
+(:mod:`filesink.sink.start`: claims, refusals, the owner lease, recovery), a batch's admission on the driver
+(:mod:`filesink.sink.batch`), the append (:mod:`filesink.sink.append`), the roll and the idle timer
+(:mod:`filesink.sink.roll`), and the sinks open in a process under Spark Connect (:mod:`filesink.sink.connect`). Each
+role is a class of methods over the state declared here (:class:`SinkCore`); the face inherits them all, so a sink is
+one object, pickled as its description as before.
 """
 
 from __future__ import annotations
@@ -23,23 +23,23 @@ import pyarrow as pa
 
 from logstore import STATE_DB_NAME, LogStore
 
-from .committer.ledger import Ledger, PlannedFile
+from ..committer.ledger import Ledger, PlannedFile
+from ..destination import Destination
+from ..errors import NotSharedError
+from ..lock import LOCK_FILE, StateLock
+from ..metrics.figures import MetricsBook
+from ..metrics.prometheus import MetricsServer
+from ..output import OutputLocation
+from ..output.location import STATE_STAGING
+from ..rolling.backlog import BacklogTracker
+from ..rolling.planner import file_task
+from ..rolling.rollover import Rollover
+from ..rolling.sizing import Sample
+from ..tasks.shared import SharedDirs, on_cluster, probe
+from ..tasks.shared import refusal_message as unshared_message
+from ..tasks.writer import FileTask
 from .description import SinkDescription
-from .destination import Destination
-from .errors import NotSharedError
-from .lock import LOCK_FILE, StateLock
-from .metrics.figures import MetricsBook
-from .metrics.prometheus import MetricsServer
-from .output import OutputLocation
-from .output.location import STATE_STAGING
-from .rolling.backlog import BacklogTracker
-from .rolling.planner import file_task
-from .rolling.rollover import Rollover
-from .rolling.sizing import Sample
 from .schema_versions import SchemaTaken
-from .tasks.shared import SharedDirs, on_cluster, probe
-from .tasks.shared import refusal_message as unshared_message
-from .tasks.writer import FileTask
 
 log = logging.getLogger("filesink.sink")
 """Every role logs as the sink: one logger's name, whichever module writes the record (``filesink run`` filters the
@@ -90,7 +90,7 @@ def listdir(directory: Path) -> list[str]:
 
 
 class SinkCore:
-    """The state a sink object holds, set by its start (:mod:`filesink.start`) and read by its roles; and the few
+    """The state a sink object holds, set by its start (:mod:`filesink.sink.start`) and read by its roles; and the few
     steps more than one role takes."""
 
     # What the description says, set even where the sink is not open (a Spark Connect client): _describe.
@@ -107,7 +107,7 @@ class SinkCore:
     stats: SinkStats
     _checkpoint_id: str | None
     _spark: Any
-    # Set by the start (filesink.start), in the process the sink opens in.
+    # Set by the start (filesink.sink.start), in the process the sink opens in.
     _metrics: MetricsBook
     _metrics_server: MetricsServer | None
     _row_group_rows: int
@@ -129,7 +129,7 @@ class SinkCore:
     _shared: SharedDirs | None
     _probed: bool
     _backlog: BacklogTracker
-    # The idle-rollover timer (filesink.roll).
+    # The idle-rollover timer (filesink.sink.roll).
     _stop: threading.Event
     _timer: threading.Thread | None
     _timer_error: BaseException | None

@@ -14,13 +14,13 @@ takes a new writer term, which fences every file writer of earlier runs, and res
 a file that is visible is committed, one that is not is dropped and its data written again. The per-epoch path
 (``_roll``) uses the log store, the ledger, the planner, the writer and the output, never :mod:`recovery`.
 
-The sink's roles are in modules named for them, and the sink inherits their steps (:mod:`filesink.sinkcore` holds
-the state they share): the start (:mod:`filesink.start`: lock, claims, refusals, owner lease, recovery), a batch's
-admission on the driver (:mod:`filesink.batch`), the append (:mod:`filesink.append`), the roll and the idle timer
-(:mod:`filesink.roll`). A sink unpickled from its description (:mod:`filesink.description`, under Spark Connect)
-opens at its first batch through :func:`filesink.connect.open_described`, which keeps one open sink per state
-directory and process; its ``flush()`` from a Connect client runs a one-batch query on the server
-(:func:`filesink.connect.flush_through_connect`).
+The sink's roles are in modules named for them, and the sink inherits their steps (:mod:`filesink.sink.core` holds
+the state they share): the start (:mod:`filesink.sink.start`: lock, claims, refusals, owner lease, recovery), a batch's
+admission on the driver (:mod:`filesink.sink.batch`), the append (:mod:`filesink.sink.append`), the roll and the idle
+timer (:mod:`filesink.sink.roll`). A sink unpickled from its description (:mod:`filesink.sink.description`, under Spark
+Connect) opens at its first batch through :func:`filesink.sink.connect.open_described`, which keeps one open sink per
+state directory and process; its ``flush()`` from a Connect client runs a one-batch query on the server
+(:func:`filesink.sink.connect.flush_through_connect`).
 """
 
 from __future__ import annotations
@@ -36,21 +36,21 @@ import pyarrow as pa
 
 from logstore import LogStore
 
+from ..committer.ledger import Ledger
+from ..errors import SinkOptionError
+from ..metrics.figures import SinkMetrics
+from ..output import OutputLocation, release_staging
+from ..rolling.rollover import Rollover
 from .append import Append
 from .batch import BatchAdmission
-from .committer.ledger import Ledger
 from .connect import flush_through_connect, open_described, opened_here
 from .connect import forget as forget
+from .core import START_NOTICE as START_NOTICE
+from .core import SinkStats as SinkStats
+from .core import log
 from .description import SinkDescription, connect_client, pickled_for_foreach_batch
-from .errors import SinkOptionError
-from .metrics.figures import SinkMetrics
-from .output import OutputLocation, release_staging
 from .roll import Roll
-from .rolling.rollover import Rollover
 from .schema_versions import Proposed, fill_missing_columns, filled_schema, propose
-from .sinkcore import START_NOTICE as START_NOTICE
-from .sinkcore import SinkStats as SinkStats
-from .sinkcore import log
 from .start import SinkStart
 
 SETTLE_TIMEOUT = 300.0
@@ -130,7 +130,7 @@ class ExactlyOnceParquetSink(SinkStart, BatchAdmission, Append, Roll):
 
     @classmethod
     def open_description(cls, description: SinkDescription) -> ExactlyOnceParquetSink:
-        """Open the sink ``description`` describes, in this process (see :mod:`filesink.description`)."""
+        """Open the sink ``description`` describes, in this process (see :mod:`filesink.sink.description`)."""
         sink = cls.__new__(cls)
         sink._description = description
         sink._open()
@@ -199,9 +199,9 @@ class ExactlyOnceParquetSink(SinkStart, BatchAdmission, Append, Roll):
 
     def propose_schema(self, schema: pa.Schema) -> Proposed | None:
         """How batches whose files' Arrow ``schema`` is the given one would change the sink's schema, or the
-        problems that would refuse them (:func:`filesink.schema_versions.propose`): for a check of input files before
-        Spark starts. None while no epoch is sealed. Records nothing. Under a Spark Connect client, where the sink's
-        state is on the server, it raises :class:`SinkOptionError`."""
+        problems that would refuse them (:func:`filesink.sink.schema_versions.propose`): for a check of input files
+        before Spark starts. None while no epoch is sealed. Records nothing. Under a Spark Connect client, where the
+        sink's state is on the server, it raises :class:`SinkOptionError`."""
         sink = self._opened()
         with sink._lock:
             sink._check_usable()
@@ -277,7 +277,7 @@ class ExactlyOnceParquetSink(SinkStart, BatchAdmission, Append, Roll):
 
     @property
     def description(self) -> SinkDescription:
-        """The sink's options: what it is when pickled (:mod:`filesink.description`)."""
+        """The sink's options: what it is when pickled (:mod:`filesink.sink.description`)."""
         return self._description
 
     def __enter__(self) -> ExactlyOnceParquetSink:
@@ -375,7 +375,7 @@ def _described(description: SinkDescription) -> ExactlyOnceParquetSink:
 
 
 def _opened_here(description: SinkDescription) -> ExactlyOnceParquetSink | None:
-    """The sink of ``description`` if it is open in this process (:func:`filesink.connect.opened_here`)."""
+    """The sink of ``description`` if it is open in this process (:func:`filesink.sink.connect.opened_here`)."""
     return cast("ExactlyOnceParquetSink | None", opened_here(description))
 
 

@@ -2,7 +2,7 @@
 batch id against the last sealed epoch: a replay, a gap, a state behind the checkpoint, batch 0 at an output that
 holds rows), what its columns may be, and its schema against the sink's history (a new version recorded before the
 seal). What each row must pass is checked in the append tasks (:mod:`filesink.tasks.admission`); the schema history is
-:mod:`filesink.schema_versions`'s.
+:mod:`filesink.sink.schema_versions`'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import pyarrow.parquet as pq
 from logstore import NOTHING, VNODE_COLUMN, SegmentDescriptor, guards
 from logstore.storage import is_local
 
-from .checkpoint import checkpoint_query_id
-from .errors import (
+from ..errors import (
     CheckpointMismatchError,
     OutputHasRowsError,
     SchemaMismatchError,
@@ -26,9 +25,9 @@ from .errors import (
     StateLostError,
     TableFormatError,
 )
-from .output import CLAIM_NAME, OutputLocation, list_objects
-from .output.location import filesystem
-from .schema.conform import (
+from ..output import CLAIM_NAME, OutputLocation, list_objects
+from ..output.location import filesystem
+from ..schema.conform import (
     arrow_schema_of,
     arrow_zone,
     hashable_columns,
@@ -36,9 +35,10 @@ from .schema.conform import (
     unhashable_reason,
     unwritable_columns,
 )
-from .schema.partitioning import SPARK_TYPES, unsupported_columns
+from ..schema.partitioning import SPARK_TYPES, unsupported_columns
+from .checkpoint import checkpoint_query_id
+from .core import STATE_NAMES, SinkCore, listdir, log
 from .schema_versions import NewVersion, SchemaTaken, check_batch_schema
-from .sinkcore import STATE_NAMES, SinkCore, listdir, log
 
 
 class BatchAdmission(SinkCore):

@@ -3,7 +3,7 @@ that is not this sink's to make, the owner lease (a new writer term) and recover
 
 A start refused before it wrote anything outside what it can remove leaves a new state directory as it found it
 (:class:`_NewState`). Recovery (:func:`recovery.resolve.apply_recovery`) runs here, at start-up only: the per-epoch
-path (:mod:`filesink.roll`) never imports it.
+path (:mod:`filesink.sink.roll`) never imports it.
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
 from recovery.resolve import RecoveryPlan, apply_recovery
 
-from .committer.damage import given_up_line
-from .committer.ledger import Ledger
-from .destination import TableFormat, open_destination
-from .errors import OutputClaimedError, SinkOptionError, TableFormatError
-from .localdirs import make_local_dir
-from .lock import StateLock
-from .metrics import figures as metrics_hooks
-from .metrics.figures import MetricsBook
-from .metrics.prometheus import serve
-from .output import CLAIM_NAME, OutputLocation, claim_output, prepare_staging
-from .output.location import OUTPUT_STAGING
-from .rolling.backlog import BacklogTracker
-from .s3options import remember
-from .sinkcore import START_NOTICE, STATE_NAMES, SinkCore, SinkStats, listdir, log
-from .tasks.shared import shared_dirs
+from ..committer.damage import given_up_line
+from ..committer.ledger import Ledger
+from ..destination import TableFormat, open_destination
+from ..errors import OutputClaimedError, SinkOptionError, TableFormatError
+from ..localdirs import make_local_dir
+from ..lock import StateLock
+from ..metrics import figures as metrics_hooks
+from ..metrics.figures import MetricsBook
+from ..metrics.prometheus import serve
+from ..output import CLAIM_NAME, OutputLocation, claim_output, prepare_staging
+from ..output.location import OUTPUT_STAGING
+from ..rolling.backlog import BacklogTracker
+from ..s3options import remember
+from ..tasks.shared import shared_dirs
+from .core import START_NOTICE, STATE_NAMES, SinkCore, SinkStats, listdir, log
 
 
 class SinkStart(SinkCore):

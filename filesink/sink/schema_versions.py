@@ -18,13 +18,13 @@ import pyarrow as pa
 
 from logstore import NOTHING
 
-from .errors import SchemaMismatchError
-from .schema.conform import arrow_schema_of, file_schema, schema_problems, spark_schema_json
-from .schema.evolution import Change, Evolution, evolve
+from ..errors import SchemaMismatchError
+from ..schema.conform import arrow_schema_of, file_schema, schema_problems, spark_schema_json
+from ..schema.evolution import Change, Evolution, evolve
 
 if TYPE_CHECKING:
-    from .committer.ledger import Ledger, SchemaVersion
-    from .destination import Destination
+    from ..committer.ledger import Ledger, SchemaVersion
+    from ..destination import Destination
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class NewVersion:
 
 @dataclass(frozen=True)
 class SchemaTaken:
-    """A new schema version a sink took at a batch (:attr:`filesink.sinkcore.SinkStats.schema_changes`)."""
+    """A new schema version a sink took at a batch (:attr:`filesink.sink.core.SinkStats.schema_changes`)."""
 
     epoch: int
     version: int

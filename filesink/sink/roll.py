@@ -19,17 +19,17 @@ import pyarrow as pa
 from logstore import requestcounts
 from logstore.failpoints import failpoint
 
-from .committer.damage import check_planned, diagnose
-from .committer.ledger import PlannedFile
-from .errors import NotSharedError, SinkFailedError
-from .metrics import figures as metrics_hooks
-from .output import forget_committed, remove_failed_attempts, write_mark
-from .rolling.planner import plan
-from .rolling.sizing import RESAMPLE_GROWTH, sample_ratio
-from .sinkcore import SinkCore, log
-from .tasks import taskrows
-from .tasks.shared import refusal_message as unshared_message
-from .tasks.writer import WrittenObject, write_file
+from ..committer.damage import check_planned, diagnose
+from ..committer.ledger import PlannedFile
+from ..errors import NotSharedError, SinkFailedError
+from ..metrics import figures as metrics_hooks
+from ..output import forget_committed, remove_failed_attempts, write_mark
+from ..rolling.planner import plan
+from ..rolling.sizing import RESAMPLE_GROWTH, sample_ratio
+from ..tasks import taskrows
+from ..tasks.shared import refusal_message as unshared_message
+from ..tasks.writer import WrittenObject, write_file
+from .core import SinkCore, log
 
 GC_SWEEP_EVERY = 20
 """Epochs between full listings of the log store for unsealed garbage (released segments go every epoch)."""

@@ -1,12 +1,12 @@
 """The sinks open in this process, and ``flush()`` under Spark Connect.
 
-A sink unpickled from its description (:mod:`filesink.description`) on a Spark Connect server opens at its first
+A sink unpickled from its description (:mod:`filesink.sink.description`) on a Spark Connect server opens at its first
 batch through :func:`open_described`, which keeps one open sink per state directory and process, so that the lock,
 recovery and the idle-rollover timer happen once per open sink. Its ``flush()`` from a Connect client runs a
 one-batch query on the server (:func:`flush_through_connect`).
 
 This module knows the sink only as what it opens and closes (:class:`OpenSink`): the sink's face
-(:mod:`filesink.sink`) passes the way to open one (``ExactlyOnceParquetSink.open_description``).
+(:mod:`filesink.sink.face`) passes the way to open one (``ExactlyOnceParquetSink.open_description``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from ..errors import SinkFailedError, SinkLockedError, SinkOptionError
 from .description import SinkDescription
-from .errors import SinkFailedError, SinkLockedError, SinkOptionError
 
 LOCK_WAIT_SECONDS = 60.0
 """How long a sink opening from its description waits for the state directory's lock. When a Connect query
@@ -34,7 +34,7 @@ under Spark Connect; each flush removes those of earlier flushes."""
 
 
 class OpenSink(Protocol):
-    """What this module does with a sink: the face's :class:`filesink.sink.ExactlyOnceParquetSink`."""
+    """What this module does with a sink: the face's :class:`filesink.sink.face.ExactlyOnceParquetSink`."""
 
     path: str
     state_dir: Path
