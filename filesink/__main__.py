@@ -1,7 +1,7 @@
-"""``python -m filesink``: the ``filesink`` command (:mod:`filesink.cli`)."""
+"""``python -m filesink``: the ``filesink`` command (:mod:`filesink.cli.main`)."""
 
 import sys
 
-from .cli import main
+from .cli.main import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """``filesink recover status|plan|apply``: inspects and repairs a sink's state without Spark (SQLite, pyarrow and
-the output's owner only). The ``filesink`` command (:mod:`filesink.cli`) adds these steps as its ``recover``
-command; ``python -m recovery STEP`` runs them on their own. This module never imports :mod:`filesink.cli`.
+the output's owner only). The ``filesink`` command (:mod:`filesink.cli.main`) adds these steps as its ``recover``
+command; ``python -m recovery STEP`` runs them on their own. This module never imports :mod:`filesink.cli.main`.
 
 This module holds the parser and the dispatch; the steps are in :mod:`recovery.commands` and
 :mod:`recovery.move`, the sink they open in :mod:`recovery.opening`, what they print in :mod:`recovery.render_text`
@@ -48,7 +48,7 @@ DESCRIPTION = (
 
 
 def add_parser(commands: Any) -> None:
-    """Add ``recover status|plan|apply`` to the ``filesink`` command's sub-commands (:mod:`filesink.cli`)."""
+    """Add ``recover status|plan|apply`` to the ``filesink`` command's sub-commands (:mod:`filesink.cli.main`)."""
     recover = commands.add_parser(
         "recover",
         help="inspect and resolve a sink's state after a crash or before a rescale (no Spark needed)",

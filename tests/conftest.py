@@ -129,7 +129,7 @@ def open_store(tmp_path, log_url):
 
 @pytest.fixture(scope="session")
 def spark():
-    from filesink.localspark import local_spark
+    from filesink.cli.localspark import local_spark
 
     session = local_spark("filesink-tests")
     yield session

@@ -24,16 +24,16 @@ TOP = {
     "filesink.sink.roll",
     "filesink.sink.connect",
     "filesink.sink.description",
-    "filesink.run",
-    "filesink.runconfig",
-    "filesink.runquery",
-    "filesink.connect_run",
-    "filesink.cli",
-    "filesink.progress",
-    "filesink.jsonlog",
-    "filesink.preflight",
-    "filesink.inputschema",
-    "filesink.kafka_source",
+    "filesink.cli.run",
+    "filesink.cli.runconfig",
+    "filesink.cli.runquery",
+    "filesink.cli.connect_run",
+    "filesink.cli.main",
+    "filesink.cli.progress",
+    "filesink.cli.jsonlog",
+    "filesink.cli.preflight",
+    "filesink.cli.inputschema",
+    "filesink.cli.kafka_source",
     "filesink.__main__",
 }
 """The layer above recovery: the sink object, its face and its roles (its start runs recovery; the package's
@@ -169,9 +169,9 @@ def test_the_face_imports_the_roles_and_each_role_the_core_only():
 
 
 def test_the_two_command_lines_do_not_import_each_other_both_ways():
-    assert "recovery.cli" in _imports("filesink.cli")
+    assert "recovery.cli" in _imports("filesink.cli.main")
     for module in (m for m in MODULES if _within(m, "recovery")):
-        assert not any(_within(m, "filesink.cli") for m in _imports(module)), module
+        assert not any(_within(m, "filesink.cli.main") for m in _imports(module)), module
 
 
 @pytest.mark.parametrize("module", RENDERERS)
@@ -209,8 +209,8 @@ def test_a_sink_description_and_the_connect_run_import_one_way():
     ``filesink.connect_run``, which shares the run's pieces through ``runconfig`` and ``runquery``, not ``run``."""
     assert "filesink.sink.description" in _imports("filesink.sink")
     assert not any(_within(m, "filesink.sink") for m in _imports("filesink.sink.description"))
-    assert "filesink.connect_run" in _imports("filesink.run")
-    assert not any(_within(m, "filesink.run") for m in _imports("filesink.connect_run"))
+    assert "filesink.cli.connect_run" in _imports("filesink.cli.run")
+    assert not any(_within(m, "filesink.cli.run") for m in _imports("filesink.cli.connect_run"))
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -38,7 +38,7 @@ import bench_sinks as sinks
 import bench_sinks_data as data
 import pyarrow.parquet as pq
 
-from filesink.localspark import UNIX_SOCKETS
+from filesink.cli.localspark import UNIX_SOCKETS
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

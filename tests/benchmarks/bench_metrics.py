@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.localspark import local_spark
+from filesink.cli.localspark import local_spark
 from filesink.metrics.figures import figures as metrics_hooks
 
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from filesink.localspark import UNIX_SOCKETS, local_spark
+from filesink.cli.localspark import UNIX_SOCKETS, local_spark
 
 WARMUP = 5
 CHILD_DEADLINE_SECONDS = 600

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", choices=sorted(data.WORKLOADS), default="events")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     args = parser.parse_args(argv)
-    from filesink.localspark import local_spark
+    from filesink.cli.localspark import local_spark
 
     work = data.work_directory(args.dir, "bench_ceiling-")
     try:

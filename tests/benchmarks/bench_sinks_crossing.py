@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", default="", help="comma-separated substrings: run only the jobs whose names match")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir in the cwd)")
     args = parser.parse_args(argv)
-    from filesink.localspark import local_spark
+    from filesink.cli.localspark import local_spark
 
     work = data.work_directory(args.dir, "bench_crossing-")
     try:

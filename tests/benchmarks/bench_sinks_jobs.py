@@ -28,7 +28,7 @@ def workload(spec: dict[str, Any]) -> Workload:
 
 
 def spark_session(name: str, conf: dict[str, str], cores: int = 2) -> Any:
-    from filesink.localspark import local_spark
+    from filesink.cli.localspark import local_spark
 
     base = {"spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "4g"}
     return local_spark(f"bench-{name}", cores=cores, conf={**base, **conf})

@@ -1,4 +1,4 @@
-"""What the Python workers' warm-up (:mod:`filesink.warmup`) saves at each start of ``filesink run``: the same
+"""What the Python workers' warm-up (:mod:`filesink.cli.warmup`) saves at each start of ``filesink run``: the same
 short run (``--available-now``, a fresh state each time) with and without it, alternating, side by side.
 
 Not a test (pytest does not collect it). Run from the repository root::
@@ -33,8 +33,8 @@ DEADLINE_SECONDS = 600
 
 _JOB = """
 import json, sys, time
-import filesink.run as run_module
-from filesink.cli import main
+import filesink.cli.run as run_module
+from filesink.cli.main import main
 if sys.argv[1] == "without":
     run_module.start_python_workers = lambda spark, tasks: None
 started = time.monotonic()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from filesink.cli import build_parser
+from filesink.cli.main import build_parser
 
 DOCS = Path(__file__).parents[2] / "docs" / "cli.md"
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import run
 
-from filesink.cli import build_parser
+from filesink.cli.main import build_parser
 from filesink.demo import verify, write_events
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from filesink import errors
-from filesink.cli import build_parser
+from filesink.cli.main import build_parser
 
 ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

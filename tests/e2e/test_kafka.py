@@ -30,7 +30,7 @@ from kafka_env import KafkaBroker, kafka_home, start_broker
 from metrics_scrape import sink_samples
 from spark_engines import engines_or_skip
 
-from filesink.cli import main
+from filesink.cli.main import main
 
 pytestmark = pytest.mark.timeout(1500)  # a cold build of the environments waits for their locks
 
@@ -395,8 +395,8 @@ def test_kafka_records_deleted_while_the_query_runs_are_reported(tmp_path: Path,
 
 def test_kafka_options_of_a_topic_pattern_binary_values_and_a_batch_limit() -> None:
     """What Spark's Kafka source is given (the end-to-end run is ``test_kafka_value_decodings_...``)."""
-    from filesink.cli import build_parser
-    from filesink.kafka_source import options_of, usage
+    from filesink.cli.kafka_source import options_of, usage
+    from filesink.cli.main import build_parser
 
     args = build_parser().parse_args(
         [

@@ -27,10 +27,10 @@ from run_helpers import run_args as _args
 from s3servers import SilentServer
 from sink_helpers import COLUMNS, TYPES, batch_rows, read_pyarrow
 
-from filesink.cli import parse_duration, parse_size
-from filesink.preflight import input_files
-from filesink.run import STOPPING
-from filesink.sourcelog import listed_files, pending_batch
+from filesink.cli.main import parse_duration, parse_size
+from filesink.cli.preflight import input_files
+from filesink.cli.run import STOPPING
+from filesink.cli.sourcelog import listed_files, pending_batch
 
 PARTS = ("event_date",)
 

@@ -16,7 +16,7 @@ from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
 from helpers import run
 from s3servers import PlainHttpServer
 
-from filesink.cli import main
+from filesink.cli.main import main
 from filesink.demo.s3server import S3Settings
 from filesink.errors import StorageAccessError
 from filesink.output.probe import check_s3

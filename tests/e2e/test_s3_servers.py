@@ -20,7 +20,7 @@ from s3servers import SilentServer
 from sink_helpers import append_epoch, batch_df, batch_rows, needs_single_driver, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.cli import main
+from filesink.cli.main import main
 from filesink.output import CLAIM_NAME, OutputLocation, file_name
 from filesink.output.location import filesystem as output_filesystem
 from filesink.output.multipart import MultipartObject, list_uploads

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from filesink.cli import build_parser, main
+from filesink.cli.main import build_parser, main
+from filesink.cli.runconfig import RunConfig
+from filesink.cli.runquery import report_failure
 from filesink.errors import EXIT_FAILED
-from filesink.runconfig import RunConfig
-from filesink.runquery import report_failure
 from recovery.cli import main as recovery_main
 
 RUN = ["run", "--input", "in", "--output", "out", "--state-dir", "state"]
@@ -145,9 +145,9 @@ def test_table_options_of_run_reach_the_sink(tmp_path):
     """``--table-format``, ``--table`` and ``--catalog`` open the sink (no Spark: the sink opens before the query):
     the given catalog, not the embedded one, and the table recorded in the sink's identity."""
     pytest.importorskip("pyiceberg")
-    from filesink.cli import run_config
+    from filesink.cli.main import run_config
+    from filesink.cli.runconfig import make_sink
     from filesink.destination.iceberg import EMBEDDED_CATALOG
-    from filesink.runconfig import make_sink
 
     catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{tmp_path}"}
     argv = ["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")]

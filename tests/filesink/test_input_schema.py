@@ -15,10 +15,10 @@ from pyspark.sql import types as T
 from rich.console import Console
 
 from filesink import ExactlyOnceParquetSink, SchemaMismatchError
+from filesink.cli.inputschema import as_spark_reads, check_against_sink, read_footer
+from filesink.cli.preflight import check_input
+from filesink.cli.progress import Progress
 from filesink.errors import InputError
-from filesink.inputschema import as_spark_reads, check_against_sink, read_footer
-from filesink.preflight import check_input
-from filesink.progress import Progress
 from filesink.schema.evolution import Change
 from filesink.sink.face import SinkStats
 from filesink.sink.schema_versions import SchemaTaken

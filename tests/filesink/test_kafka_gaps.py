@@ -1,4 +1,4 @@
-"""What ``filesink run`` finds in a Kafka query's progress with failOnDataLoss=false (:mod:`filesink.kafka_gaps`):
+"""What ``filesink run`` finds in a Kafka query's progress with failOnDataLoss=false (:mod:`filesink.cli.kafka_gaps`):
 the progress is Spark's, as a dict; the end-to-end check is ``tests/e2e/test_kafka.py``."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from filesink.kafka_gaps import GapWatch, Span, new_shortfalls
-from filesink.kafka_source import kafka_fix
+from filesink.cli.kafka_gaps import GapWatch, Span, new_shortfalls
+from filesink.cli.kafka_source import kafka_fix
 
 
 def _progress(

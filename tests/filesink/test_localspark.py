@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from filesink.localspark import UNIX_SOCKETS, session_conf
+from filesink.cli.localspark import UNIX_SOCKETS, session_conf
 
 
 def test_the_local_session_keeps_sparks_python_workers_on_tcp() -> None:

@@ -9,9 +9,9 @@ from rich.console import Console
 from sink_helpers import append_epoch, batch_rows
 
 from filesink import ExactlyOnceParquetSink, Rollover
+from filesink.cli.progress import Progress, committed_line, files_line, held, recovered_commits, rows_line
 from filesink.committer.ledger import PlannedFile
 from filesink.output import OutputLocation, list_objects
-from filesink.progress import Progress, committed_line, files_line, held, recovered_commits, rows_line
 from filesink.words import size
 from recovery.resolve import Action, RecoveryPlan, Resolution
 

@@ -21,7 +21,7 @@ from evolve_job import EPOCHS, FIRST_V2, HOLD, ICEBERG_TABLE, expected, open_sin
 from helpers import SUPPORT, communicate, support_env
 
 from filesink import ExactlyOnceParquetSink, SchemaMismatchError
-from filesink.cli import main as filesink_main
+from filesink.cli.main import main as filesink_main
 from logstore.failpoints import ENV_VAR
 
 JOB = SUPPORT / "evolve_job.py"

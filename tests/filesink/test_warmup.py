@@ -1,4 +1,4 @@
-"""The Python workers' warm-up (:mod:`filesink.warmup`): the workers it starts are the ones the next Python job
+"""The Python workers' warm-up (:mod:`filesink.cli.warmup`): the workers it starts are the ones the next Python job
 runs in, so a query's first append does not start them."""
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def test_recover_status_reports_the_damaged_vnodes(tmp_path, capsys):
     import json
 
     from filesink import ExactlyOnceParquetSink, Rollover
-    from filesink.cli import main
+    from filesink.cli.main import main
 
     sink = ExactlyOnceParquetSink(
         str(tmp_path / "out"), tmp_path / "state", vnodes=4, rollover=Rollover(max_epochs=100, max_age_seconds=None)

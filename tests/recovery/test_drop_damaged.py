@@ -18,7 +18,7 @@ from helpers import run
 from sink_helpers import COLUMNS, TYPES, batch_rows, input_file, parquet_files, read_pyarrow, run_query
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.cli import main
+from filesink.cli.main import main
 from filesink.errors import EXIT_DAMAGED, DamagedLogError
 from filesink.schema.conform import file_schema_bytes
 from logstore import VNODE_COLUMN, LogLocation, LogStore, read_plan

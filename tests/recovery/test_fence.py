@@ -8,7 +8,7 @@ import json
 from sink_helpers import append_epoch, batch_rows
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.cli import main
+from filesink.cli.main import main
 from filesink.output import file_name
 from filesink.output.fencing import Fence, ObjectRecord
 from filesink.output.multipart import list_uploads

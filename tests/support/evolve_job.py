@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.localspark import local_spark
+from filesink.cli.localspark import local_spark
 
 HOLD = Rollover(target_file_size=None, max_age_seconds=None, max_epochs=1000)
 ROWS = 40

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from filesink import ExactlyOnceParquetSink, Rollover
-from filesink.localspark import local_spark
+from filesink.cli.localspark import local_spark
 
 SCHEMA = "id long, user_id long, event_date string, amount double"
 FAST_START = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}

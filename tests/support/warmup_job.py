@@ -1,4 +1,4 @@
-"""A fresh ``local[2]`` session: start the Python workers' warm-up (:mod:`filesink.warmup`), wait for it, then run a
+"""A fresh ``local[2]`` session: start the Python workers' warm-up (:mod:`filesink.cli.warmup`), wait for it, then run a
 ``mapInArrow`` job whose tasks report when their worker process started. Prints one JSON object: the job's
 submission time and each task's worker start time, both as seconds since the boot of the machine."""
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from filesink.localspark import local_spark
-from filesink.warmup import start_python_workers
+from filesink.cli.localspark import local_spark
+from filesink.cli.warmup import start_python_workers
 
 
 def _since_boot() -> float:

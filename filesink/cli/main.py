@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from recovery.cli import add_parser as add_recover
 from recovery.cli import recover
 
-from . import kafka_source, s3options
-from .argparsing import Parser, catalog_property
-from .destination import TableFormat
-from .destination.catalogs import cli_catalog_refusal, needs_catalog
-from .errors import COMMAND_ERRORS, EXIT_FAILED, report
+from .. import s3options
+from ..argparsing import Parser, catalog_property
+from ..destination import TableFormat
+from ..destination.catalogs import cli_catalog_refusal, needs_catalog
+from ..errors import COMMAND_ERRORS, EXIT_FAILED, report
+from . import kafka_source
 
 if TYPE_CHECKING:
     from .runconfig import RunConfig
@@ -357,7 +358,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.group == "recover":
         return recover(args, parser)
     if args.group == "demo":
-        from .demo import demo
+        from ..demo import demo
 
         if args.s3 and args.table_format == "iceberg":
             parser.error(

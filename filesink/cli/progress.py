@@ -17,8 +17,8 @@ from typing import Any
 from logstore import LogStore, LogStoreError
 from recovery.resolve import Action, RecoveryPlan
 
-from .sink.face import SinkStats
-from .words import plural, size
+from ..sink.face import SinkStats
+from ..words import plural, size
 
 
 @dataclass(frozen=True)

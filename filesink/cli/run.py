@@ -1,7 +1,7 @@
 """``filesink run``: stream a landing directory of Parquet, JSON or CSV files through the exactly-once sink.
 
 The order of work: check the input directory (Parquet: the files' schemas merged by the sink's rules,
-:mod:`filesink.inputschema`) and any S3 location (seconds, before Spark starts); open the sink (takes the state
+:mod:`filesink.cli.inputschema`) and any S3 location (seconds, before Spark starts); open the sink (takes the state
 directory's lock and runs recovery) and compare the files' merged schema with the sink's; start Spark and learn the
 input schema (the one the sink recorded, for JSON and CSV; the merged one, for Parquet) and compare it with the
 sink's; start the query; show progress, and each new schema the sink takes, until the input is drained
@@ -29,20 +29,20 @@ from logstore import store as logstore_store
 from logstore.storage import is_local
 from logstore.store import REBUILD_NOTICE
 
+from ..committer.damage import given_up_line
+from ..errors import EXIT_OK, InputError
+from ..localdirs import make_local_dir
+from ..sink import face as sink_module
+from ..sink.face import START_NOTICE, ExactlyOnceParquetSink
+from ..words import plural
 from . import kafka_gaps, kafka_source
-from .committer.damage import given_up_line
-from .errors import EXIT_OK, InputError
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
-from .localdirs import make_local_dir
 from .preflight import check_input, check_master, check_named_columns, check_s3, ddl_columns
 from .progress import Progress, committed_line, held, recovered_commits, rows_line
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, Batches, report_failure, stop_signals, watch
-from .sink import face as sink_module
-from .sink.face import START_NOTICE, ExactlyOnceParquetSink
 from .sourcelog import check_replay
 from .warmup import start_python_workers
-from .words import plural
 
 
 @contextmanager
@@ -109,7 +109,7 @@ def input_schema(
 ) -> Any:
     """The schema to read the input with: ``--schema``; else, for JSON and CSV, the one the sink recorded (so
     that a restart reads the files the same way); else, for Parquet, the files' schemas merged by the sink's rules
-    (:mod:`filesink.inputschema`), each column as Spark reads it from the newest file that has it."""
+    (:mod:`filesink.cli.inputschema`), each column as Spark reads it from the newest file that has it."""
     if config.schema:
         return config.schema
     recorded = sink.recorded_spark_schema()
@@ -239,7 +239,7 @@ def _start_reporting(sink: ExactlyOnceParquetSink, config: RunConfig, out: Calla
 
 
 def kafka_stream(config: RunConfig, out: Callable[[str], None]) -> tuple[Any, Any]:
-    """Spark, with its Kafka source (:func:`filesink.kafka_source.spark_conf`), and the stream of ``config.kafka``:
+    """Spark, with its Kafka source (:func:`filesink.cli.kafka_source.spark_conf`), and the stream of ``config.kafka``:
     started before the sink's state is opened, so that a Spark without the Kafka source jar, or options it refuses,
     stop the run before anything is sealed (:class:`KafkaSourceError`)."""
     import pyspark

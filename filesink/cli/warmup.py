@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .tasks.shared import on_cluster
+from ..tasks.shared import on_cluster
 
 log = logging.getLogger(__name__)
 

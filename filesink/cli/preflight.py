@@ -2,7 +2,7 @@
 names the file, directory or endpoint, and before anything is written.
 
 - :func:`check_input`: the landing directory exists and each file in it can be read; Parquet footers are read
-  and their schemas merged in the order the files landed, by the sink's rules (:mod:`filesink.inputschema`).
+  and their schemas merged in the order the files landed, by the sink's rules (:mod:`filesink.cli.inputschema`).
 - :func:`check_s3` (:mod:`filesink.output.probe`): an ``s3://`` location's endpoint answers, accepts the
   credentials and has the bucket.
 - :func:`check_master`: a ``spark://`` master accepts connections.
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, SinkOptionError, SparkMasterError
+from ..errors import InputError, SinkOptionError, SparkMasterError
+from ..output import check_s3
 from .inputschema import MergedInput, merge_footers, read_footer
-from .output import check_s3
 
 __all__ = ["FORMATS", "InputFiles", "check_input", "check_master", "check_s3", "input_files"]
 
@@ -42,7 +42,7 @@ class InputFiles:
 
     files: list[Path]
     merged: MergedInput | None
-    """The union of the Parquet files' schemas (:func:`filesink.inputschema.merge_footers`); None for JSON and
+    """The union of the Parquet files' schemas (:func:`filesink.cli.inputschema.merge_footers`); None for JSON and
     CSV, without files, or when not asked for (a schema given)."""
 
 
@@ -52,7 +52,7 @@ def check_input(
     """Raise :class:`InputError` unless ``directory`` is a readable directory whose files are all readable as
     ``fmt`` (Parquet: a valid footer, and unless ``merge`` is off (the schema is given), schemas the sink takes
     one after another in the order the files landed; ``fill_missing`` and ``keep`` as
-    :func:`filesink.inputschema.merge_footers` takes them)."""
+    :func:`filesink.cli.inputschema.merge_footers` takes them)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
     if not directory.exists():

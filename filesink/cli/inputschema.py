@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .errors import InputError, SchemaMismatchError
-from .schema.conform import file_schema
-from .schema.evolution import evolve
-from .sink.schema_versions import TAKEN
+from ..errors import InputError, SchemaMismatchError
+from ..schema.conform import file_schema
+from ..schema.evolution import evolve
+from ..sink.schema_versions import TAKEN
 
 if TYPE_CHECKING:
-    from .sink.face import ExactlyOnceParquetSink
+    from ..sink.face import ExactlyOnceParquetSink
 
 
 @dataclass(frozen=True)

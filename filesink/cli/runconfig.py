@@ -1,6 +1,6 @@
 """The options of ``filesink run`` (:class:`RunConfig`) and what they make: the sink, the reader of the input and
-the writer of the streaming query; the same for a run on local or classic Spark (:mod:`filesink.run`) and through a
-Spark Connect server (:mod:`filesink.connect_run`).
+the writer of the streaming query; the same for a run on local or classic Spark (:mod:`filesink.cli.run`) and through a
+Spark Connect server (:mod:`filesink.cli.connect_run`).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import s3options
+from .. import s3options
+from ..rolling.rollover import Rollover
+from ..sink.face import ExactlyOnceParquetSink
 from .kafka_source import KafkaOptions
-from .rolling.rollover import Rollover
-from .sink.face import ExactlyOnceParquetSink
 
 
 @dataclass
@@ -39,7 +39,8 @@ class RunConfig:
     schema: str | None = None
     max_files_per_trigger: int | None = None
     drop_missing_input: list[Path] = field(default_factory=list)
-    """``--drop-missing-input``: files of the batch to run again whose rows are given up (:mod:`filesink.sourcelog`)."""
+    """``--drop-missing-input``: files of the batch to run again whose rows are given up
+    (:mod:`filesink.cli.sourcelog`)."""
     spark_conf: dict[str, str] = field(default_factory=dict)
     log_store: str | None = None
     accept_state_loss: bool = False
@@ -51,7 +52,7 @@ class RunConfig:
     """``--single-driver``: go on where the log store's location has no conditional create (``docs/recovery.md``)."""
     remote: str | None = None
     """A Spark Connect URL (``--remote``, or ``SPARK_REMOTE``): the job runs through that server, where every
-    path is the server's (:mod:`filesink.connect_run`)."""
+    path is the server's (:mod:`filesink.cli.connect_run`)."""
     table_format: str = "directory"
     """``--table-format``: ``directory``, ``delta`` or ``iceberg`` (the sink's ``table_format``)."""
     table: str | None = None
@@ -59,13 +60,13 @@ class RunConfig:
     catalog: dict[str, str] = field(default_factory=dict)
     """``--catalog``: pyiceberg's catalog properties (empty: the sink's default, an embedded catalog)."""
     kafka: KafkaOptions | None = None
-    """``--format kafka``: the topics to read (:mod:`filesink.kafka_source`); ``input`` is then unused."""
+    """``--format kafka``: the topics to read (:mod:`filesink.cli.kafka_source`); ``input`` is then unused."""
     metrics_port: int | None = None
     """``--metrics-port``: serve the sink's metrics for Prometheus (the sink's ``metrics_port``)."""
     metrics_address: str = "127.0.0.1"
     """``--metrics-address``: where ``--metrics-port`` listens."""
     log_format: str = "text"
-    """``--log-format``: ``text``, or ``json`` (:mod:`filesink.jsonlog`)."""
+    """``--log-format``: ``text``, or ``json`` (:mod:`filesink.cli.jsonlog`)."""
 
     @property
     def checkpoint_dir(self) -> Path:

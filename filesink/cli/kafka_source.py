@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import KafkaSourceError
+from ..errors import KafkaSourceError
 
 VALUE_FORMATS = ("string", "json", "binary")
 KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp")
@@ -55,7 +55,7 @@ class KafkaOptions:
 
 def skips_lost(kafka: KafkaOptions | None) -> bool:
     """Whether a Kafka query skips records Kafka no longer holds (``failOnDataLoss=false``): then ``filesink run``
-    looks for them in its progress (:mod:`filesink.kafka_gaps`)."""
+    looks for them in its progress (:mod:`filesink.cli.kafka_gaps`)."""
     return kafka is not None and not kafka.fails_on_data_loss
 
 

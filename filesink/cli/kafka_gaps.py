@@ -125,7 +125,7 @@ def new_shortfalls(progresses: Iterable[Any], seen: set[int]) -> list[Shortfall]
 
 
 class GapWatch:
-    """Wraps a run's progress display (:class:`filesink.progress.Progress`): at each update, reads the query's
+    """Wraps a run's progress display (:class:`filesink.cli.progress.Progress`): at each update, reads the query's
     recent progress and prints a warning for each batch that lost records at the source."""
 
     def __init__(self, progress: Any, query: Any) -> None:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from .errors import MissingInputError
+from ..errors import MissingInputError
 
 __all__ = ["Listed", "Replay", "check_replay", "listed_files", "local_path", "pending_batch"]
 

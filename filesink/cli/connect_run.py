@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import EXIT_OK, InputError, SinkOptionError
+from ..errors import EXIT_OK, InputError, SinkOptionError
+from ..words import plural
 from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import KILL_EXIT, report_failure, stop_signals, watch
-from .words import plural
 
 
 class QueryProgress:

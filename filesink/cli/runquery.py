@@ -1,5 +1,5 @@
-"""A run's streaming query once it is started, on local or classic Spark (:mod:`filesink.run`) and through a
-Spark Connect server (:mod:`filesink.connect_run`): Ctrl-C and SIGTERM (the first asks for a stop, the second ends
+"""A run's streaming query once it is started, on local or classic Spark (:mod:`filesink.cli.run`) and through a
+Spark Connect server (:mod:`filesink.cli.connect_run`): Ctrl-C and SIGTERM (the first asks for a stop, the second ends
 the process at once), watching the query until it ends, and the report of a query that failed; and, on local or
 classic Spark, the ``foreachBatch`` function that refuses batches once a stop is asked for.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 from logstore import LogStoreError
 
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, FileSinkError
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, FileSinkError
+from ..sink.face import ExactlyOnceParquetSink
 from .runconfig import RunConfig
-from .sink.face import ExactlyOnceParquetSink
 from .sourcelog import local_path
 
 KILL_EXIT = EXIT_INTERRUPTED
@@ -174,7 +174,7 @@ def report_failure(error: BaseException, batches: Batches | None, config: RunCon
 
 def _fix_input(summary: list[str], config: RunConfig) -> str:
     """What to do after a failed batch: fix the file in place, since Spark runs the batch again with the files it
-    listed, by name, and never reads a name twice (:mod:`filesink.sourcelog`)."""
+    listed, by name, and never reads a name twice (:mod:`filesink.cli.sourcelog`)."""
     found = next(
         (m.group(1) for line in summary if (m := re.search(r"while reading file (\S+?)\.?(\s|$)", line))), None
     )
