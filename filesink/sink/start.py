@@ -2,7 +2,7 @@
 that is not this sink's to make, the owner lease (a new writer term) and recovery.
 
 A start refused before it wrote anything outside what it can remove leaves a new state directory as it found it
-(:class:`_NewState`). Recovery (:func:`recovery.resolve.apply_recovery`) runs here, at start-up only: the per-epoch
+(:class:`_NewState`). Recovery (:func:`recovery.startup.recover_at_start`) runs here, at start-up only: the per-epoch
 path (:mod:`filesink.sink.roll`) never imports it.
 """
 
@@ -21,7 +21,7 @@ from logstore import NOTHING, STATE_DB_NAME, GivenUp, LogLocation, LogStore
 from logstore.conditional import probe_conditional_create, require_conditional_create
 from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
-from recovery.resolve import RecoveryPlan, apply_recovery
+from recovery.startup import RecoveryPlan, recover_at_start
 
 from ..committer.damage import given_up_line
 from ..committer.ledger import Ledger
@@ -235,7 +235,7 @@ class SinkStart(SinkCore):
     def _recover(self) -> None:
         """Take a new writer term (fencing earlier writers), resolve files left pending by an earlier run,
         remove garbage, and prepare this term's staging directory."""
-        done = apply_recovery(
+        done = recover_at_start(  # the log store was probed for conditional create by _open, before any write
             self._store,
             self._ledger,
             self._output,
@@ -243,7 +243,6 @@ class SinkStart(SinkCore):
             file_task=self._file_task,
             single_driver=self._description.single_driver,
             accept_duplicates=self._description.accept_duplicates,
-            probed=True,  # by _open, before anything was written
             destination=self._destination if self._destination.options.is_table else None,
         )
         assert done.term is not None
