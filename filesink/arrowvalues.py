@@ -3,7 +3,7 @@
 pyarrow imports pandas whenever it converts a Python value to Arrow (``pa.array([...])``, ``pa.scalar``, a Python
 number in a compute call, ``Schema.empty_table()``), to check whether the value is one of pandas' types: 0.3 s of
 CPU and tens of MB in every Python worker Spark starts, for nothing the tasks use. The few values the tasks need
-are made here instead. ``tests/filesink/test_task_imports.py`` checks that the tasks leave pandas unimported.
+are made here instead. ``tests/filesink/tasks/test_task_imports.py`` checks that the tasks leave pandas unimported.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def _query_twice(spark, out: Path, tmp_path: Path) -> None:
     assert report.anomalies == 0, report.line()
     assert [p.relative_to(out).as_posix() for p in (out / OUTPUT_STAGING).rglob("*")] == []
     # Spark reads the output as it is, and skips a whole temp file in the staging directory (one about to be
-    # renamed into the output), as pyarrow and DuckDB do (tests/filesink/test_staging.py).
+    # renamed into the output), as pyarrow and DuckDB do (tests/filesink/output/test_staging.py).
     [first, *_] = sorted(out.glob("part-*.parquet"))
     staged = out / OUTPUT_STAGING / "term-0000000099"
     staged.mkdir()

@@ -520,7 +520,7 @@ def _refused(proc: subprocess.Popen[str], what: str) -> str:
     return err
 
 
-# In the chaos tier: the refusal itself is tested in-process (tests/filesink/test_identity.py, a new empty state
+# In the chaos tier: the refusal itself is tested in-process (tests/filesink/sink/test_identity.py, a new empty state
 # after a lost one); this one kills a real job first and restarts it twice, 106-233 s.
 @pytest.mark.chaos
 @pytest.mark.timeout(720)  # 106-233 s measured on a 2-core machine under a load of 5 to 18

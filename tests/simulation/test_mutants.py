@@ -76,8 +76,8 @@ UNCAUGHT: dict[str, str] = {
     "term.taken_once": "reachable only on a store that ignores conditional create, where a start without "
     "single_driver is refused by the probe before anything is written (tests/logstore/test_conditional_create.py) "
     "and single_driver is the operator's promise of one run at a time: in no setup the sink accepts do two runs take "
-    "one term. Kept as the diagnosis of a broken promise (tests/filesink/test_ownership.py); it narrows, and cannot "
-    "close, the race of two runs on such a store (docs/protocol.md says so)",
+    "one term. Kept as the diagnosis of a broken promise (tests/filesink/committer/test_ownership.py); it narrows, "
+    "and cannot close, the race of two runs on such a store (docs/protocol.md says so)",
     "seal.order_under_transaction": "two processes sealing through one state directory at once, which the state "
     "directory's lock excludes (filesink/lock.py); the simulation runs a driver's processes one after the other, as "
     "the lock makes them. A gap of the simulation: it does not model a lock that fails (a network file system)",
@@ -85,7 +85,7 @@ UNCAUGHT: dict[str, str] = {
     "sink restarted there; the simulation's processes stop with their driver. A gap of the simulation: the "
     "paused-writer tests reach it (tests/recovery/test_zombie.py)",
     "batch.behind_sealed": "another query's batches on the state (its checkpoint reset or deleted): the simulation "
-    "models one query, whose checkpoint never goes back; tests/filesink/test_sink.py covers it",
+    "models one query, whose checkpoint never goes back; tests/filesink/sink/test_sink.py covers it",
     "home.older_truncation_capped": "protects nothing any seed reaches, even with every term check off (6,000 "
     "seeds): an older term's truncate point above the newest base needs a commit of an epoch the newer run did not "
     "count, and the seal's term check after its home record stops that epoch before the older run's database holds "

@@ -738,7 +738,7 @@ class Result:
     def report(self) -> str:
         replay = (
             f"replay: {SEED_VAR}={self.plan.seed} python -m pytest -n 0 -p no:cacheprovider "
-            f"tests/filesink/test_table_sequences.py -k 'replay and {self.plan.format}' -s"
+            f"tests/filesink/destination/test_table_sequences.py -k 'replay and {self.plan.format}' -s"
         )
         return f"{self.plan.describe(self.failed_at)}\nstep {self.failed_at}: {self.error}\n{replay}"
 

@@ -4,10 +4,10 @@ appends, compactions, vacuums, checkpoints and expiries; after each step every r
 the model's exactly, and no file is committed twice (``table_sequences.py``).
 
 The default tier plays :data:`DEFAULT_SEEDS` seeds of :data:`DEFAULT_STEPS` events per format; the chaos tier
-(``-m chaos``) many more. A failure prints the seed, the step and the event list; ``FILESINK_TABLE_SEQ_SEED=N
-python -m pytest -n 0 tests/filesink/test_table_sequences.py -k 'replay and delta' -s`` replays seed N (on the same
-code) and prints each step as it runs. ``FILESINK_TABLE_SEQ_STEPS`` sets the replay's length if the failing run's
-was not the default's.
+(``-m chaos``) many more. A failure prints the seed, the step and the event list;
+``FILESINK_TABLE_SEQ_SEED=N python -m pytest -n 0 tests/filesink/destination/test_table_sequences.py -k 'replay and
+delta' -s`` replays seed N (on the same code) and prints each step as it runs. ``FILESINK_TABLE_SEQ_STEPS`` sets
+the replay's length if the failing run's was not the default's.
 
 A planted bug (what the sink read from a checkpoint written back in Arrow's shapes: ``metaData.format.options``
 as ``[]``, the bug ``delta_actions.py`` fixed) is found by the default tier's seeds: the test of that shows the
