@@ -1,4 +1,5 @@
-"""The packages' layout holds (docs/layout.md): which way imports go, and who owns which store.
+"""The packages' layout holds (docs/layout.md): which way imports go between packages, no import circle, who owns
+which store, and the tests' folders mirror the packages.
 
 Read from the source with ``ast``, imports inside functions included, so that a hidden import cannot break a rule.
 """
@@ -14,33 +15,43 @@ import pytest
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("logstore", "filesink", "recovery")
 
-TOP = {
-    "filesink",
-    "filesink.sink",
-    "filesink.sink.core",
-    "filesink.sink.start",
-    "filesink.sink.batch",
-    "filesink.sink.append",
-    "filesink.sink.roll",
-    "filesink.sink.connect",
-    "filesink.sink.description",
-    "filesink.cli.run",
-    "filesink.cli.runconfig",
-    "filesink.cli.runquery",
-    "filesink.cli.connect_run",
-    "filesink.cli.main",
-    "filesink.cli.progress",
-    "filesink.cli.jsonlog",
-    "filesink.cli.preflight",
-    "filesink.cli.inputschema",
-    "filesink.cli.kafka_source",
-    "filesink.__main__",
-}
-"""The layer above recovery: the sink object, its face and its roles (its start runs recovery; the package's
-``__init__`` is its public face), where a sink opens (its description, under Spark Connect), the commands and what
-only they use."""
+PACKAGE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("logstore",),
+    ("filesink.base",),
+    ("filesink.output",),
+    ("filesink.schema",),
+    ("filesink.tasks",),
+    ("filesink.committer",),
+    ("filesink.rolling",),
+    ("filesink.destination", "filesink.metrics"),
+    ("recovery",),
+    ("filesink.sink",),
+    ("filesink.demo", "recovery.command"),
+    ("filesink.cli",),
+    ("filesink.face",),
+)
+"""The packages from the bottom up (docs/layout.md draws them): a module imports modules of its own package or of a
+package further down, never one further up or one beside it. ``filesink.base`` is the modules loose at the top of
+``filesink/`` that every package may use; ``recovery.command`` is ``filesink recover``'s parser, steps and text;
+``filesink.face`` is the package's public face (``from filesink import ...``) and ``python -m filesink``."""
+LOOSE = (
+    "filesink.errors",
+    "filesink.arrowvalues",
+    "filesink.s3options",
+    "filesink.argparsing",
+    "filesink.lock",
+    "filesink.localdirs",
+    "filesink.words",
+)
+"""The modules loose at the top of ``filesink/``, besides its ``__init__`` and ``__main__``: at most a dozen."""
 ROLES = ("filesink.sink.start", "filesink.sink.batch", "filesink.sink.append", "filesink.sink.roll")
-"""The sink's roles: the face (``filesink.sink``) inherits their steps, each over the state of ``filesink.sinkcore``."""
+"""The sink's roles: the face (``filesink.sink.face``) inherits their steps, each over the state of
+``filesink.sink.core``."""
+SINK_FACE = "filesink.sink.face"
+SINK_CORE = "filesink.sink.core"
+SINK_CONNECT = "filesink.sink.connect"
+RECOVERY_ENTRY = "recovery.startup"
+"""The one entry point the sink's start goes through into recovery."""
 RECOVER_COMMAND = ("recovery.cli", "recovery.__main__", "recovery.commands", "recovery.move", "recovery.render_text")
 """``filesink recover``'s parser, its steps and their text, on the commands' layer; what they share with other
 clients of recovery (opening a sink, the owner lease, the JSON shapes) stays on recovery's."""
@@ -98,19 +109,30 @@ def _imports(module: str) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in MODULES}
+            submodules = {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in MODULES}
+            found |= submodules
+            if len(submodules) < len(node.names):  # ``from package import module`` alone imports the module
+                found.add(base)
     return found
 
 
-def _layer(module: str) -> int:
+def _package(module: str) -> str:
+    """The package of :data:`PACKAGE_ORDER` that ``module`` belongs to."""
     if module.startswith("logstore"):
-        return 0
-    if module in TOP or module.startswith(DEMO) or module in RECOVER_COMMAND:
-        return 3
+        return "logstore"
+    if module in RECOVER_COMMAND:
+        return "recovery.command"
     if module.startswith("recovery"):
-        return 2
-    return 1  # the file sink's core: ledger, planner, writer, output, ...
+        return "recovery"
+    if module in ("filesink", "filesink.__main__"):
+        return "filesink.face"
+    if module in LOOSE:
+        return "filesink.base"
+    return ".".join(module.split(".")[:2])
+
+
+def _rank(package: str) -> int:
+    return next(i for i, level in enumerate(PACKAGE_ORDER) if package in level)
 
 
 def _within(name: str, prefix: str) -> bool:
@@ -124,11 +146,68 @@ def test_the_modules_are_found():
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_imports_go_down_the_layers(module):
-    """logstore <- filesink core <- recovery <- the sink object and the commands."""
-    ours = {m for m in _imports(module) if m.split(".")[0] in PACKAGES and m in MODULES}
-    upward = sorted(m for m in ours if _layer(m) > _layer(module))
-    assert upward == [], f"{module} (layer {_layer(module)}) imports {upward} from a layer above"
+def test_every_module_is_in_a_package_of_the_order(module):
+    """A new folder of ``filesink/`` (or a new loose module) takes its place in :data:`PACKAGE_ORDER` first."""
+    assert any(_package(module) in level for level in PACKAGE_ORDER), f"{module}: {_package(module)} has no place"
+
+
+def test_at_most_a_dozen_modules_are_loose_at_the_top_of_filesink():
+    loose = sorted(p.stem for p in (ROOT / "filesink").glob("*.py"))
+    assert len(loose) <= 12, loose
+    assert sorted(f"filesink.{m}" for m in loose if m not in ("__init__", "__main__")) == sorted(LOOSE)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_packages(module):
+    """logstore <- filesink's base <- output <- schema <- tasks <- committer <- rolling <- destination, metrics <-
+    recovery <- the sink <- the demo, recover's command <- the command line <- the package's face."""
+    mine = _rank(_package(module))
+    ours = {m for m in _imports(module) if m in MODULES and _package(m) != _package(module)}
+    wrong = sorted(f"{m} ({_package(m)})" for m in ours if _rank(_package(m)) >= mine)
+    assert wrong == [], f"{module} ({_package(module)}) imports {wrong}: from a package above it or beside it"
+
+
+def test_no_import_circle_anywhere_in_the_product():
+    """No chain of imports leads from a module back to itself (imports inside functions included; a package's
+    ``__init__`` counts as the modules it imports)."""
+    graph = {m: {i for i in _imports(m) if i in MODULES and i != m} for m in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(m: str) -> None:  # Tarjan's strongly connected components
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                n = stack.pop()
+                component.append(n)
+                if n == m:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert circles == []
+
+
+def test_the_tests_mirror_the_packages():
+    """Each folder of ``tests/filesink/`` is named after a package of ``filesink/``, and holds tests only."""
+    folders = sorted(p.name for p in (ROOT / "tests" / "filesink").iterdir() if p.is_dir() and p.name[0] != "_")
+    assert folders, "tests/filesink holds no folders"
+    for folder in folders:
+        assert (ROOT / "filesink" / folder / "__init__.py").exists(), f"tests/filesink/{folder}: no filesink.{folder}"
+    assert not list((ROOT / "tests" / "filesink").glob("test_*.py")), "tests/filesink/ holds tests of no package"
 
 
 def test_the_commit_path_does_not_import_recovery():
@@ -145,27 +224,32 @@ def test_the_commit_path_does_not_import_recovery():
     rolls = [n for n in ast.walk(roll) if isinstance(n, ast.FunctionDef) and n.name in ("_roll", "_roll_steps")]
     assert len(rolls) == 2
     called = {n.func.id for r in rolls for n in ast.walk(r) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    assert not called & {"apply_recovery", "plan_recovery"}
+    assert not called & {"apply_recovery", "plan_recovery", "recover_at_start"}
 
 
-def test_only_the_sinks_start_imports_recovery():
-    """Of the sink's modules, its start runs recovery; the face, the core, the other roles and the open sinks of a
-    process (Spark Connect) do not import it."""
-    sinks = ("filesink.sink", "filesink.sink.core", *ROLES, "filesink.sink.connect")
-    importing = sorted(m for m in sinks if any(_within(i, "recovery") for i in _imports(m)))
-    assert importing == ["filesink.sink.start"]
+def test_the_sink_reaches_recovery_through_its_start_and_one_entry_point():
+    """Of the sink's modules, its start runs recovery, and only through :data:`RECOVERY_ENTRY`; the face, the core,
+    the other roles and the open sinks of a process (Spark Connect) do not import recovery."""
+    sinks = sorted(m for m in MODULES if _within(m, "filesink.sink"))
+    importing = {m: sorted(i for i in _imports(m) if _within(i, "recovery")) for m in sinks}
+    assert {m: i for m, i in importing.items() if i} == {"filesink.sink.start": [RECOVERY_ENTRY]}
+    start = ast.parse(MODULES["filesink.sink.start"].read_text())
+    taken = {
+        a.name for n in ast.walk(start) if isinstance(n, ast.ImportFrom) and n.module == RECOVERY_ENTRY for a in n.names
+    }
+    assert taken == {"RecoveryPlan", "recover_at_start"}
 
 
 def test_the_face_imports_the_roles_and_each_role_the_core_only():
-    """The face inherits every role; a role reads the sink's state through ``filesink.sinkcore``, never through the
-    face or another role; ``filesink.connect`` knows the sink only as what the face hands it."""
-    assert set(ROLES) | {"filesink.sink.connect", "filesink.sink.core"} <= _imports("filesink.sink")
-    sinks = {"filesink.sink", *ROLES, "filesink.sink.connect"}
+    """The face inherits every role; a role reads the sink's state through ``filesink.sink.core``, never through the
+    face or another role; ``filesink.sink.connect`` knows the sink only as what the face hands it."""
+    assert set(ROLES) | {SINK_CONNECT, SINK_CORE} <= _imports(SINK_FACE)
+    sinks = {SINK_FACE, *ROLES, SINK_CONNECT}
     for module in ROLES:
-        assert "filesink.sink.core" in _imports(module), module
+        assert SINK_CORE in _imports(module), module
         assert not sinks & (_imports(module) - {module}), module
-    assert not (sinks | {"filesink.sink.core"}) & _imports("filesink.sink.connect")
-    assert not sinks & _imports("filesink.sink.core")
+    assert not (sinks | {SINK_CORE}) & _imports(SINK_CONNECT)
+    assert not sinks & _imports(SINK_CORE)
 
 
 def test_the_two_command_lines_do_not_import_each_other_both_ways():
@@ -193,24 +277,10 @@ def test_what_recover_prints_opens_nothing(module):
             assert taken <= records, f"{module} takes {sorted(taken - records)} from {node.module}"
 
 
-MODULES_ONLY = sorted(m for m, path in MODULES.items() if path.name != "__init__.py")
-"""The modules, without the packages' ``__init__`` (a package's public face imports its modules)."""
-
-
-@pytest.mark.parametrize("module", MODULES_ONLY)
-def test_no_two_modules_import_each_other(module):
-    """Imports between two modules go one way."""
-    back = sorted(m for m in _imports(module) if m in MODULES_ONLY and m != module and module in _imports(m))
-    assert back == [], f"{module} and {back} import each other"
-
-
-def test_a_sink_description_and_the_connect_run_import_one_way():
-    """The sink imports its description, never the reverse; ``filesink run`` hands a run through Spark Connect to
-    ``filesink.connect_run``, which shares the run's pieces through ``runconfig`` and ``runquery``, not ``run``."""
-    assert "filesink.sink.description" in _imports("filesink.sink")
-    assert not any(_within(m, "filesink.sink") for m in _imports("filesink.sink.description"))
-    assert "filesink.cli.connect_run" in _imports("filesink.cli.run")
-    assert not any(_within(m, "filesink.cli.run") for m in _imports("filesink.cli.connect_run"))
+def test_a_sink_description_is_imported_one_way():
+    """The sink imports its description, never the reverse."""
+    assert "filesink.sink.description" in _imports(SINK_FACE)
+    assert not {SINK_FACE, SINK_CORE, *ROLES} & _imports("filesink.sink.description")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
