@@ -1,4 +1,5 @@
-"""``filesink run --remote sc://host:port`` (or with ``SPARK_REMOTE`` set): the job through a Spark Connect server.
+"""What differs in ``filesink run --remote sc://host:port`` (or with ``SPARK_REMOTE`` set), the job through a Spark
+Connect server: the pieces the stages of :mod:`filesink.cli.run` call for it.
 
 This process is a thin client. Every path it is given (input, output, state directory, checkpoint, log store) is
 the server's: nothing is checked or created here, and the sink opens on the server at its first batch (see
@@ -9,7 +10,7 @@ the server's: nothing is checked or created here, and the sink opens on the serv
   widened type needs ``--schema``), in Spark's column order, and the sink compares it with its own at the first
   batch, on the server;
 - a new schema the sink takes is not said here (``filesink recover status`` on the server shows the history);
-- progress shows the query's batches and rows, as the server reports them;
+- progress shows the query's batches and rows, as the server reports them (:class:`QueryProgress`);
 - a stop (Ctrl-C, SIGTERM) stops the query; the server ends its ``foreachBatch`` process, and with it any batch in
   progress (as after a kill, the next start's recovery finishes or repeats it; nothing is lost);
 - after an ``--available-now`` run, the client's ``flush()`` writes what the log store holds, through a one-batch
@@ -19,15 +20,16 @@ the server's: nothing is checked or created here, and the sink opens on the serv
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import EXIT_OK, InputError, SinkOptionError
+from ..errors import InputError, SinkOptionError
 from ..words import plural
-from .runconfig import RunConfig, input_reader, make_sink, stream_writer
-from .runquery import KILL_EXIT, report_failure, stop_signals, watch
+from .runconfig import RunConfig, input_reader
+from .runquery import KILL_EXIT, spark_error_summary
+
+STOPPING = "stopping: the query stops on the server (Ctrl-C again stops at once; nothing is lost)"
+"""What the first Ctrl-C or SIGTERM says under Spark Connect."""
 
 
 class QueryProgress:
@@ -61,7 +63,21 @@ class QueryProgress:
                 )
 
 
+def check_options(config: RunConfig) -> None:
+    """Refuse what a run through a Connect server cannot do: JSON or CSV without ``--schema``, and ``--master``."""
+    if config.format != "parquet" and not config.schema:
+        raise InputError(
+            f"--format {config.format} under Spark Connect (--remote or SPARK_REMOTE) needs --schema: the schema "
+            "the sink recorded is in its state directory, on the server, and inferring it again could read the "
+            "files differently. Give it, for example --schema 'id bigint, name string'."
+        )
+    if config.master:
+        raise SinkOptionError("--master and --remote (or SPARK_REMOTE) exclude each other: give one of them")
+
+
 def connect_session(config: RunConfig) -> Any:
+    """A session of the Connect server at ``config.remote``, with ``--conf`` set in it (:class:`SinkOptionError`
+    for a setting the server takes only when it starts)."""
     from pyspark.sql import SparkSession
 
     assert config.remote is not None
@@ -79,71 +95,9 @@ def connect_session(config: RunConfig) -> Any:
     return spark
 
 
-def run_remote(config: RunConfig, console: Any, out: Callable[[str], None] = print) -> int:
-    """Run the job through the Connect server at ``config.remote``; returns the exit status."""
-    started = time.monotonic()
-    if config.format != "parquet" and not config.schema:
-        raise InputError(
-            f"--format {config.format} under Spark Connect (--remote or SPARK_REMOTE) needs --schema: the schema "
-            "the sink recorded is in its state directory, on the server, and inferring it again could read the "
-            "files differently. Give it, for example --schema 'id bigint, name string'."
-        )
-    if config.master:
-        raise SinkOptionError("--master and --remote (or SPARK_REMOTE) exclude each other: give one of them")
-    spark = connect_session(config)  # first: a sink made in a Connect client is a description, opened by the server
-    try:
-        sink = make_sink(config, config.storage_options())
-        schema = config.schema or merged_schema(spark, config)
-        stream = input_reader(spark, config, streaming=True).schema(schema).load(str(config.input))
-        sink.check_schema(stream.schema)
-        writer = stream_writer(stream, sink, config)
-        stop = threading.Event()
-
-        def ask_stop() -> None:
-            stop.set()
-            console.print(
-                "stopping: the query stops on the server (Ctrl-C again stops at once; nothing is lost)",
-                highlight=False,
-                soft_wrap=True,
-            )
-
-        def last_words() -> str:
-            return (
-                f"stopped at once (exit {KILL_EXIT}): the query on the server {_server(config.remote)} may still be "
-                f"running until its session ends; the sink's state is there, in {config.state_dir}, and `filesink "
-                f"recover status --state-dir {config.state_dir}` run there says what its log store holds. The next "
-                "run writes it. Nothing is lost."
-            )
-
-        with stop_signals(ask_stop, last_words):
-            query = writer.start()
-            progress = QueryProgress(console, query)
-            failure = watch(query, None, stop, progress)
-            if failure is not None:
-                return report_failure(failure, None, config, out)
-            if not stop.is_set():  # drained (--available-now): write what the log store holds
-                sink.flush()
-        verb = "stopped" if stop.is_set() else "done"
-        rows = sum(progress.rows.values())
-        out(
-            f"{verb}: {rows:,} rows in {plural(len(progress.rows), 'batch')} through the Spark Connect server "
-            f"{_server(config.remote)}; {time.monotonic() - started:,.1f} s"
-        )
-        if stop.is_set():
-            out(
-                f"the sink's state is on the server, in {config.state_dir}: there, `filesink recover status "
-                f"--state-dir {config.state_dir}` says what its log store holds; the next run writes it"
-            )
-    finally:
-        spark.stop()
-    return EXIT_OK
-
-
 def merged_schema(spark: Any, config: RunConfig) -> Any:
     """The Parquet input's schema as Spark merges the files' (``mergeSchema``), or :class:`InputError` saying to give
     ``--schema`` where Spark cannot merge them (a type widened between files)."""
-    from .runquery import spark_error_summary
-
     try:
         return input_reader(spark, config, streaming=False).option("mergeSchema", "true").load(str(config.input)).schema
     except Exception as e:
@@ -156,6 +110,33 @@ def merged_schema(spark: Any, config: RunConfig) -> Any:
             "give the input's schema with --schema, in its widest types (for example --schema 'id bigint, n "
             "bigint'); older files are read with it, their values widened."
         ) from None
+
+
+def last_words(config: RunConfig) -> str:
+    """What a second Ctrl-C or SIGTERM prints as the client ends at once."""
+    return (
+        f"stopped at once (exit {KILL_EXIT}): the query on the server {_server(config.remote)} may still be "
+        f"running until its session ends; the sink's state is there, in {config.state_dir}, and `filesink "
+        f"recover status --state-dir {config.state_dir}` run there says what its log store holds. The next "
+        "run writes it. Nothing is lost."
+    )
+
+
+def report_end(
+    config: RunConfig, progress: QueryProgress, stopped: bool, seconds: float, out: Callable[[str], None]
+) -> None:
+    """The run's summary: the rows and batches the server reported; after a stop, where the sink's state is."""
+    verb = "stopped" if stopped else "done"
+    rows = sum(progress.rows.values())
+    out(
+        f"{verb}: {rows:,} rows in {plural(len(progress.rows), 'batch')} through the Spark Connect server "
+        f"{_server(config.remote)}; {seconds:,.1f} s"
+    )
+    if stopped:
+        out(
+            f"the sink's state is on the server, in {config.state_dir}: there, `filesink recover status "
+            f"--state-dir {config.state_dir}` says what its log store holds; the next run writes it"
+        )
 
 
 def _server(url: str | None) -> str:

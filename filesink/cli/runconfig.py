@@ -1,6 +1,6 @@
 """The options of ``filesink run`` (:class:`RunConfig`) and what they make: the sink, the reader of the input and
-the writer of the streaming query; the same for a run on local or classic Spark (:mod:`filesink.cli.run`) and through a
-Spark Connect server (:mod:`filesink.cli.connect_run`).
+the writer of the streaming query; the same for a run on local or classic Spark and through a Spark Connect server
+(the stages of :mod:`filesink.cli.run`; what differs under Spark Connect is in :mod:`filesink.cli.connect_run`).
 """
 
 from __future__ import annotations

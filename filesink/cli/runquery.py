@@ -1,7 +1,8 @@
-"""A run's streaming query once it is started, on local or classic Spark (:mod:`filesink.cli.run`) and through a
-Spark Connect server (:mod:`filesink.cli.connect_run`): Ctrl-C and SIGTERM (the first asks for a stop, the second ends
-the process at once), watching the query until it ends, and the report of a query that failed; and, on local or
-classic Spark, the ``foreachBatch`` function that refuses batches once a stop is asked for.
+"""A run's streaming query once it is started, on local or classic Spark and through a Spark Connect server (the
+stages of :mod:`filesink.cli.run`): Ctrl-C and SIGTERM (the first asks for a stop, the second ends the process at
+once, and what each says on local or classic Spark), watching the query until it ends, the report of a query that
+failed, and what the log store still holds after a run; and, on local or classic Spark, the ``foreachBatch``
+function that refuses batches once a stop is asked for.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from logstore import LogStoreError
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, FileSinkError
 from ..sink.face import ExactlyOnceParquetSink
+from .progress import held
 from .runconfig import RunConfig
 from .sourcelog import local_path
 
@@ -216,3 +219,36 @@ def spark_error_summary(error: BaseException, limit: int = 4) -> list[str]:
             continue
         picked.append(line)
     return picked[:limit] or [str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__]
+
+
+STOPPING = "stopping: waiting for the batch in progress (Ctrl-C again stops at once; nothing is lost either way)"
+"""What the first Ctrl-C or SIGTERM says on local or classic Spark."""
+
+
+def stopped_at_once(state_dir: Path, summary_said: bool = False) -> str:
+    """What a second Ctrl-C or SIGTERM prints as the process ends at once: what it left and what comes next. After
+    the run's summary line (``summary_said``: the query had stopped, and Spark was shutting down), a line that
+    does not say "stopped" a second time."""
+    try:
+        left = f"the log store holds {held(state_dir).describe()} not yet in files"
+    except Exception as e:  # the process ends now whatever this says: never let the message stop it
+        left = f"what the log store holds could not be read ({type(e).__name__})"
+    if summary_said:
+        return (
+            f"ended at once (exit {KILL_EXIT}) while Spark shut down, after the run had stopped as said above; "
+            f"{left}; the next run writes them. Nothing is lost."
+        )
+    return (
+        f"stopped at once (exit {KILL_EXIT}): the batch in progress, if any, was not committed, and Spark runs it "
+        f"again at the next start; {left}; the next run writes them, and its recovery at start resolves any file "
+        "this stop interrupted. Nothing is lost."
+    )
+
+
+def report_held(state_dir: Path, out: Callable[[str], None]) -> None:
+    """Say what the log store still holds, not yet in files (the next run writes it)."""
+    h = held(state_dir)
+    if h.rows:
+        out(f"the log store holds {h.describe()} not yet in files; the next run writes them")
+    else:
+        out("the log store holds nothing that is not in committed files")
