@@ -23,25 +23,20 @@ the next start resolves whatever it interrupted.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from logstore import LogStore
-from logstore import store as logstore_store
 from logstore.storage import is_local
-from logstore.store import REBUILD_NOTICE
 
-from ..committer.damage import given_up_line
 from ..errors import EXIT_OK, InputError
 from ..localdirs import make_local_dir
 from ..sink import face as sink_module
-from ..sink.face import START_NOTICE, ExactlyOnceParquetSink
-from ..words import plural
+from ..sink.face import ExactlyOnceParquetSink
 from . import connect_run, kafka_gaps, kafka_source, runquery
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
 from .preflight import InputFiles, check_input, check_master, check_named_columns, check_s3, ddl_columns
@@ -50,6 +45,7 @@ from .runconfig import RunConfig, input_reader, make_sink, stream_writer
 from .runquery import STOPPING, Batches, report_failure, report_held, stop_signals, stopped_at_once
 from .sourcelog import Replay, check_replay
 from .sparkstart import spark_session
+from .startnotices import report_recovery, start_notices_said_here
 from .warmup import start_python_workers
 
 Out = Callable[[str], None]
@@ -191,7 +187,7 @@ def open_sink(config: RunConfig, checked: Checked, out: Out) -> OpenedSink:
         if config.remote:
             sink = make_sink(config, checked.options)
         else:
-            with _start_notices_said_here():
+            with start_notices_said_here():
                 sink = make_sink(replace(config, log_store=checked.log_store), checked.options)
     except BaseException:
         if checked.spark is not None:
@@ -200,7 +196,7 @@ def open_sink(config: RunConfig, checked: Checked, out: Out) -> OpenedSink:
     if config.remote:
         return OpenedSink(sink, None)
     try:
-        _report_recovery(sink, out)
+        report_recovery(sink, out)
         _start_reporting(sink, config, out)
         merged = None
         if checked.found is not None and checked.replay is not None:
@@ -378,27 +374,6 @@ def input_schema(
     return input_reader(spark, config, streaming=False).load(str(config.input)).schema
 
 
-@contextmanager
-def _start_notices_said_here() -> Iterator[None]:
-    """Drop the sink's and the log store's log records of what its start found (:data:`START_NOTICE`,
-    :data:`logstore.store.REBUILD_NOTICE`): :func:`_report_recovery` says it once, in full."""
-    loggers = [
-        logging.getLogger("filesink.sink"),
-        logging.getLogger(logstore_store.__name__),
-    ]  # every role of the sink logs as filesink.sink
-
-    def said_here(record: logging.LogRecord) -> bool:
-        return not getattr(record, START_NOTICE, False) and not getattr(record, REBUILD_NOTICE, False)
-
-    for logger in loggers:
-        logger.addFilter(said_here)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(said_here)
-
-
 def _start_reporting(sink: ExactlyOnceParquetSink, config: RunConfig, out: Callable[[str], None]) -> None:
     """Say where the metrics are served; with ``--log-format json``, write the sink's events as JSON lines."""
     if sink.metrics_url is not None:
@@ -407,24 +382,3 @@ def _start_reporting(sink: ExactlyOnceParquetSink, config: RunConfig, out: Calla
         from . import jsonlog
 
         sink.listen(jsonlog.write)
-
-
-def _report_recovery(sink: ExactlyOnceParquetSink, out: Callable[[str], None]) -> None:
-    done = sink.recovered
-    store = sink.log_store
-    if store.rebuilt and done is not None:
-        held = store.held_totals()
-        out(
-            f"the state directory was new: rebuilt the state of sink {store.sink_id} from its durable home at "
-            f"{store.location.canonical} (last sealed epoch {store.last_sealed_epoch}, "
-            f"{plural(held.epochs, 'epoch')} held, {held.rows:,} rows, {len(done.from_home)} pending files)"
-        )
-    if sink.given_up:
-        out(given_up_line(sink.given_up))
-    if done is None or not done.files:
-        return
-    actions: dict[str, int] = {}
-    for r in done.files:
-        actions[r.action.value] = actions.get(r.action.value, 0) + 1
-    what = ", ".join(f"{n} {a}" for a, n in sorted(actions.items()))
-    out(f"recovery at start: {len(done.files)} files left pending by the last run resolved ({what})")
