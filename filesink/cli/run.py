@@ -220,6 +220,7 @@ def start_spark(config: RunConfig, checked: Checked, opened: OpenedSink) -> Spar
     try:
         session.sparkContext.setLogLevel("FATAL")  # failures are reported below, without Spark's stack traces
     except BaseException:
+        opened.sink.close()  # the sink first, as at every end of the run
         session.stop()
         raise
     return Spark(session, jvm_here=True)
