@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 
+import forkserver
 import pytest
 from crash_child import VNODES, epoch_rows
 from helpers import SUPPORT, communicate, flatten, support_env, wait_for_line
@@ -26,7 +27,7 @@ ROWS = 1000
 def _child(state_dir, url=None, options=None, failpoints="", epochs=EPOCHS, rows=ROWS):
     env = support_env(**{ENV_VAR: failpoints, "CRASH_CHILD_S3": json.dumps(options or {})})
     args = [sys.executable, str(CHILD), str(state_dir), str(epochs), str(rows), *([url] if url else [])]
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return forkserver.popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _expected(last, rows):

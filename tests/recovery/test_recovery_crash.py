@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from helpers import run
+from forkserver import run
 from sink_helpers import append_epoch, batch_rows, parquet_files, read_duckdb, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, Rollover

@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import forkserver
 import matrix_job
 import pytest
 from checker import check
@@ -89,7 +90,7 @@ class Job:
         env["MATRIX_JOB_TABLE"] = self.table or ""
         args = [sys.executable, str(JOB), str(self.state), self.output, str(self.epochs), str(parallelism)]
         before = len(fired(str(self.shared)))
-        proc = subprocess.Popen(
+        proc = forkserver.popen(
             args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
         if action == "hang":
