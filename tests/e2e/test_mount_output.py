@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import run_server
 from checker import check
 from helpers import run
 from mounts import bind, remount, tmpfs
@@ -95,13 +96,7 @@ def test_a_query_writes_exactly_into_a_bind_mounted_output(spark, tmp_path):
 def _filesink_run(tmp_path: Path, out: Path) -> subprocess.CompletedProcess[str]:
     args = ["--input", tmp_path / "in", "--output", out, "--state-dir", tmp_path / "state", "--available-now"]
     args += ["--key", "user_id", "--parallelism", "2", "--conf", FAST_START]
-    return run(
-        [sys.executable, "-m", "filesink", "run", *map(str, args)],
-        300,
-        "filesink run",
-        capture_output=True,
-        text=True,
-    )
+    return run_server.filesink(["run", *map(str, args)], 300)
 
 
 def test_a_read_only_output_is_refused_before_anything_is_sealed_then_the_run_resumes(tmp_path):

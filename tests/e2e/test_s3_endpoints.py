@@ -7,13 +7,12 @@ but not as an S3 server (a plain HTTP server, a web console) is told apart from 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import run_server
 from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
-from helpers import run
 from s3servers import PlainHttpServer
 
 from filesink.cli.main import main
@@ -31,14 +30,7 @@ ENV_SAID = f"AWS_ENDPOINT_URL={NO_SCHEME} {SAID} (set it so, or unset it and giv
 
 def filesink(*args: str, env: dict[str, str] | None = None) -> Any:
     environ = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
-    return run(
-        [sys.executable, "-m", "filesink", *args],
-        90,
-        f"filesink {args[0]}",
-        capture_output=True,
-        text=True,
-        env=dict(environ, **(env or {})),
-    )
+    return run_server.filesink(args, 90, env=env, environ=environ)
 
 
 def _run(tmp_path: Path, *extra: str, output: str = "s3://filesink-test/table") -> list[str]:

@@ -3,26 +3,20 @@ options of a run over ``tmp_path`` (input ``in``, output ``out``, state ``state`
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-from helpers import run
+import run_server
 
 FAST_START = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """Short test runs start faster without the JVM's optimizing compiler and parallel GC."""
 
 
 def filesink(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return run(
-        [sys.executable, "-m", "filesink", *args],
-        timeout,
-        f"filesink {args[0]}",
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, **(env or {})),
-    )
+    """``python -m filesink ARGS`` to its end, with ``env`` added to the environment: through this test process's
+    run server (:mod:`run_server`, one ``filesink`` process that keeps its JVM between commands) unless the command
+    needs a process of its own."""
+    return run_server.filesink(args, timeout, env=env)
 
 
 def run_args(tmp_path: Path, *extra: str, output: str | None = None) -> list[str]:

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import run_server
 from helpers import run, support_env, wait_for_line
 from mounts import bind, without_dac
 from sink_helpers import append_epoch, batch_rows, read_duckdb, read_pyarrow
@@ -27,7 +28,9 @@ CLI_WAIT = 120.0
 
 
 def filesink(*args: str | Path, prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    command = [*(prefix or []), sys.executable, "-m", "filesink", *map(str, args)]
+    if not prefix:
+        return run_server.filesink([str(a) for a in args], CLI_WAIT)
+    command = [*prefix, sys.executable, "-m", "filesink", *map(str, args)]
     return run(command, CLI_WAIT, f"filesink {args[0]} {args[1]}", capture_output=True, text=True)
 
 

@@ -12,12 +12,11 @@ import json
 import os
 import re
 import shutil
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import run
+import run_server
 from sink_helpers import batch_df, batch_rows, input_file, parquet_files, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, OutputClaimedError, Rollover
@@ -179,7 +178,7 @@ def test_filesink_run_refuses_a_take_over_that_would_read_the_input_again(spark,
         args = ["run", "--input", str(source), "--output", str(tmp_path / "out")]
         args += ["--state-dir", str(tmp_path / "state"), "--available-now"]
         args += ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1", *extra]
-        return run([sys.executable, "-m", "filesink", *args], 240, "filesink run", capture_output=True, text=True)
+        return run_server.filesink(args, 240)
 
     refused = filesink()
     assert refused.returncode == 1, refused.stderr[-3000:]
