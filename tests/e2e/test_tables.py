@@ -52,7 +52,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from helpers import SUPPORT, kill, run, support_env, wait_for_exit
+import run_server
+from helpers import SUPPORT, kill, support_env, wait_for_exit
 from sink_helpers import COLUMNS, append_epoch, batch_rows, input_file, run_query
 from sink_job import ICEBERG_TABLE
 
@@ -653,19 +654,12 @@ def test_filesink_run_into_an_iceberg_table_on_s3_with_a_sqlite_catalog(
         AWS_SECRET_ACCESS_KEY=s3_server.secret_key,
         AWS_ENDPOINT_URL=s3_server.endpoint,
     )
-    args = [sys.executable, "-m", "filesink", "run", "--input", str(tmp_path / "in"), "--output", out]
+    args = ["run", "--input", str(tmp_path / "in"), "--output", out]
     args += ["--state-dir", str(tmp_path / "state"), "--table-format", "iceberg", "--table", TABLE]
     args += ["--catalog", f"uri={catalog['uri']}", "--available-now", "--parallelism", "2", "--key", "user_id"]
     args += ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"]
 
-    first = run(
-        [*args, "--catalog", "s3.access-key-id=AKIAUNKNOWN"],
-        200,
-        "the first run",
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    first = run_server.filesink([*args, "--catalog", "s3.access-key-id=AKIAUNKNOWN"], 200, environ=env)
     assert first.returncode == 1, first.stderr[-3000:]
     error = first.stderr.strip().splitlines()[-1]
     assert error.startswith("error: the commit of 2 files (") and "did not land" in error, error
@@ -673,7 +667,7 @@ def test_filesink_run_into_an_iceberg_table_on_s3_with_a_sqlite_catalog(
     with pytest.raises(NoSuchTableError):
         _iceberg(catalog, s3_server.storage_options())
 
-    second = run(args, 200, "the second run", capture_output=True, text=True, env=env)
+    second = run_server.filesink(args, 200, environ=env)
     assert second.returncode == 0, second.stderr[-3000:]
     lines = second.stdout.splitlines()
     assert "recovery at start: 2 files left pending by the last run resolved (2 commit)" in lines, lines

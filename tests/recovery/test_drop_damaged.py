@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import run_server
 from helpers import run
 from sink_helpers import COLUMNS, TYPES, batch_rows, input_file, parquet_files, read_pyarrow, run_query
 
@@ -345,7 +346,7 @@ def _of(rows: dict[int, Counter], vnodes: list[int]) -> Counter:
 
 
 def _cli(*args: str) -> tuple[int, str, str]:
-    done = run([sys.executable, "-m", "filesink", *args], 240, " ".join(args[:2]), capture_output=True, text=True)
+    done = run_server.filesink(args, 240)
     return done.returncode, done.stdout, done.stderr
 
 

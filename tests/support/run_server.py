@@ -16,9 +16,14 @@ stderr, as ``subprocess.run`` would:
   SparkContext a command left open (a refusal before its own stop, a failure) is stopped after it, so the next one
   makes its own, with its own master and options, in the same JVM. ``SystemExit`` is the exit code; an exception
   that would end a process is printed as Python prints it, with exit code 1.
-- **What needs a process of its own gets one** (:func:`needs_own_process`): a command whose environment changes what
-  the JVM or Python workers are started with (``JAVA_HOME``, ``PATH``, ``SPARK_*``, ``PYSPARK_*``, ...), or that
-  asks for jars (``--format kafka``, ``spark.jars*``). Tests that kill or signal a command start it themselves.
+- **One server per launch environment**: the JVM, and the Python workers it starts, keep the environment the server
+  started with, so commands share a server only when they agree on every variable that reaches them
+  (:func:`launch_key`: ``AWS_*``, ``FILESINK_*``, ``SPARK_*``, ``PYSPARK_*``, ``JAVA_*``, ``PATH``, ``HOME``, ...). What
+  the product keeps per process (the output's filesystems, the tasks' checks, the request counts, the failpoints'
+  hits, the sinks open in the process) is emptied after each command.
+- **What needs a process of its own gets one** (:func:`needs_own_process`): a command that asks for jars
+  (``--format kafka``, ``spark.jars*``), which only a new JVM takes. Tests that kill or signal a command start it
+  themselves.
 - **Deadlines**: the client waits for each answer at most the command's timeout; a server that does not answer in
   time is killed with its process group (its JVM and Python workers), the test fails naming the command with the end
   of its output, and the next command starts a new server.
@@ -45,18 +50,18 @@ START_TIMEOUT = 60.0
 """Seconds for a server to read its first request (its imports)."""
 MARK = "\x00filesink-test-run-server-end\x00"
 """Written on both output pipes after each command: what comes before it is that command's."""
-OWN_PROCESS_VARIABLES = ("JAVA_HOME", "PATH", "CLASSPATH", "LD_LIBRARY_PATH", "PYTHONPATH", "HOME", "TMPDIR")
-OWN_PROCESS_PREFIXES = ("SPARK_", "PYSPARK_", "JAVA_", "JDK_", "HADOOP_", "_JAVA_")
+LAUNCH_VARIABLES = ("PATH", "CLASSPATH", "LD_LIBRARY_PATH", "PYTHONPATH", "HOME", "TMPDIR")
+LAUNCH_PREFIXES = ("AWS_", "FILESINK_", "SPARK_", "PYSPARK_", "JAVA_", "JDK_", "HADOOP_", "_JAVA_")
 OWN_PROCESS_WORDS = ("kafka", "spark.jars", "--packages", "--jars", "spark.driver.memory", "extraClassPath")
 
 
-def needs_own_process(args: Sequence[str], env: Mapping[str, str], base: Mapping[str, str]) -> bool:
-    """Whether the command ``args`` with the environment ``env`` must run in a process of its own: its environment
-    differs from the server's (``base``) in what starts the JVM or Python workers, or it asks for jars, which only a
-    new JVM takes."""
-    for key in set(env) | set(base):
-        if env.get(key) != base.get(key) and (key in OWN_PROCESS_VARIABLES or key.startswith(OWN_PROCESS_PREFIXES)):
-            return True
+def launch_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variables of ``env`` that a server's JVM and Python workers keep from its start."""
+    return tuple(sorted((k, v) for k, v in env.items() if k in LAUNCH_VARIABLES or k.startswith(LAUNCH_PREFIXES)))
+
+
+def needs_own_process(args: Sequence[str]) -> bool:
+    """Whether the command ``args`` must run in a process of its own: it asks for jars, which only a new JVM takes."""
     return any(word in arg for arg in args for word in OWN_PROCESS_WORDS)
 
 
@@ -64,17 +69,15 @@ def needs_own_process(args: Sequence[str], env: Mapping[str, str], base: Mapping
 
 
 class _Server:
-    """The server process of this test process, started on first use."""
+    """A server process of this test process, for one launch environment, started on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self.proc: subprocess.Popen[str] | None = None
-        self.env: dict[str, str] = {}
-        self.lock = threading.Lock()
+        self.env = env
 
     def start(self) -> subprocess.Popen[str]:
         if self.proc is not None and self.proc.poll() is None:
             return self.proc
-        self.env = dict(os.environ)
         self.proc = subprocess.Popen(
             [sys.executable, __file__],
             stdin=subprocess.PIPE,
@@ -96,8 +99,14 @@ class _Server:
             kill(proc, group=True)
 
 
-_SERVER = _Server()
-atexit.register(_SERVER.stop)
+_SERVERS: dict[tuple[tuple[str, str], ...], _Server] = {}
+_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in _SERVERS.values():
+        server.stop()
 
 
 def filesink(
@@ -114,32 +123,34 @@ def filesink(
 
     command = [sys.executable, "-m", "filesink", *map(str, args)]
     full = dict(os.environ if environ is None else environ, **(env or {}))
-    base = _SERVER.env or dict(os.environ)
-    if os.environ.get("FILESINK_TEST_RUN_SERVER", "1") == "0" or needs_own_process(command, full, base):
+    if os.environ.get("FILESINK_TEST_RUN_SERVER", "1") == "0" or needs_own_process(command):
         return run(command, timeout, f"filesink {args[0]}", capture_output=True, text=True, env=full)
-    with _SERVER.lock:
-        return _ask(command, [str(a) for a in args], full, timeout)
+    with _LOCK:
+        server = _SERVERS.setdefault(launch_key(full), _Server(full))
+        return _ask(server, command, [str(a) for a in args], full, timeout)
 
 
-def _ask(command: list[str], args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _ask(
+    server: _Server, command: list[str], args: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     import pytest
 
-    proc = _SERVER.start()
+    proc = server.start()
     assert proc.stdin is not None
     request = {"args": args, "env": env, "cwd": os.getcwd()}
     try:
         proc.stdin.write(json.dumps(request) + "\n")
         proc.stdin.flush()
     except OSError:  # it died since the last command: one new server
-        _SERVER.stop()
-        proc = _SERVER.start()
+        server.stop()
+        proc = server.start()
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(request) + "\n")
         proc.stdin.flush()
     started = time.monotonic()
     line = _read_answer(proc, timeout)
     if line is None or not line.strip():
-        _SERVER.stop()
+        server.stop()
         what = f"filesink {args[0]}" if args else "filesink"
         ended = "timed out after" if line is None else "the server ended after"
         pytest.fail(f"{ended} {time.monotonic() - started:.0f} s waiting for {what} (run server; killed)")
@@ -221,6 +232,24 @@ def _stop_spark() -> None:
     SparkSession._activeSession = None
 
 
+def _forget_the_process() -> None:
+    """Empty what the product keeps per process, so that the next command starts as a new process would."""
+    from filesink.output import location
+    from filesink.sink import connect
+    from filesink.tasks import shared
+    from logstore import failpoints, requestcounts
+
+    location._fs_cache.clear()
+    shared._passed.clear()
+    connect._open.clear()
+    requestcounts._counts.clear()
+    failpoints._hits.clear()
+    with contextlib.suppress(Exception):
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
 def _one(args: list[str], main: Any) -> int:
     sys.argv = [str(Path(main.__code__.co_filename).parents[1] / "__main__.py"), *args]
     try:
@@ -253,6 +282,7 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
         finally:
             with contextlib.suppress(Exception):
                 _stop_spark()
+            _forget_the_process()
             sys.stdout.flush()
             sys.stderr.flush()
             os.chdir(saved_cwd)
