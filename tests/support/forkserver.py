@@ -35,7 +35,6 @@ import io
 import json
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -200,7 +199,9 @@ def _recv(sock: socket.socket, deadline: float, what: str) -> dict[str, Any]:
 def _get_server() -> _Server | None:
     global _server, _server_failed
     with _lock:
-        if _server is None and not _server_failed:
+        if _server_failed:
+            return None
+        if _server is None:
             try:
                 _server = _Server()
             except (Unavailable, OSError) as e:
@@ -220,13 +221,12 @@ def _stop_server() -> None:
 
 
 def _drop_server(server: _Server) -> None:
-    """A server that failed a request is not used again (a later call falls back at once)."""
-    global _server, _server_failed
+    """A server that failed a request takes no more (a later call falls back at once); it still reports the
+    exits of the children it started, and stops at exit."""
+    global _server_failed
     with _lock:
         if _server is server:
-            _server, _server_failed = None, True
-            with contextlib.suppress(Exception):
-                server.stop()
+            _server_failed = True
 
 
 def _target(args: Sequence[Any]) -> tuple[str, str, list[str]] | None:
@@ -449,13 +449,7 @@ def main(control_fd: int) -> None:
 
 
 def _serve(control_fd: int) -> Callable[[], None] | None:
-    with contextlib.suppress(Exception):  # die with the test process
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    control = socket.socket(fileno=control_fd)
-    if os.getppid() == 1:
-        return None
+    control = socket.socket(fileno=control_fd)  # ends with the test process, however that ends
     base_path = [p for p in sys.path if p not in ("", str(SUPPORT))]  # the standard library and the site
     sys.path.insert(0, str(SUPPORT))
     for module in PRELOAD:
@@ -478,7 +472,11 @@ def _serve(control_fd: int) -> Callable[[], None] | None:
                     return None
                 if not data:
                     return None  # the test process is done
-                job = _fork(json.loads(data), fds, control, children, base_path, threads)
+                try:
+                    job = _fork(json.loads(data), fds, control, children, base_path, threads)
+                except Exception:  # a bad request: the client times out on it and falls back
+                    traceback.print_exc()
+                    continue
                 if job is not None:
                     return job  # in the child
             else:
