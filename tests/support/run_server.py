@@ -20,7 +20,7 @@ stderr, as ``subprocess.run`` would:
   started with, so commands share a server only when they agree on every variable that reaches them
   (:func:`launch_key`: ``AWS_*``, ``FILESINK_*``, ``SPARK_*``, ``PYSPARK_*``, ``JAVA_*``, ``PATH``, ``HOME``, ...). What
   the product keeps per process (the output's filesystems, the tasks' checks, the request counts, the failpoints'
-  hits, the sinks open in the process) is emptied after each command.
+  hits, the sinks open in the process) is emptied after each command. At most :data:`MAX_SERVERS` live at once.
 - **What needs a process of its own gets one** (:func:`needs_own_process`): a command that asks for jars
   (``--format kafka``, ``spark.jars*``), which only a new JVM takes. Tests that kill or signal a command start it
   themselves.
@@ -100,7 +100,19 @@ class _Server:
 
 
 _SERVERS: dict[tuple[tuple[str, str], ...], _Server] = {}
+"""The servers of this test process, the one used last at the end."""
+MAX_SERVERS = 2
+"""Servers kept at once per test process (each holds a JVM); the one used longest ago is stopped first."""
 _LOCK = threading.Lock()
+
+
+def _server(env: dict[str, str]) -> _Server:
+    key = launch_key(env)
+    server = _SERVERS.pop(key, None) or _Server(env)
+    _SERVERS[key] = server
+    while len(_SERVERS) > MAX_SERVERS:
+        _SERVERS.pop(next(iter(_SERVERS))).stop()
+    return server
 
 
 @atexit.register
@@ -126,8 +138,7 @@ def filesink(
     if os.environ.get("FILESINK_TEST_RUN_SERVER", "1") == "0" or needs_own_process(command):
         return run(command, timeout, f"filesink {args[0]}", capture_output=True, text=True, env=full)
     with _LOCK:
-        server = _SERVERS.setdefault(launch_key(full), _Server(full))
-        return _ask(server, command, [str(a) for a in args], full, timeout)
+        return _ask(_server(full), command, [str(a) for a in args], full, timeout)
 
 
 def _ask(
