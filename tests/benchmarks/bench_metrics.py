@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from filesink import ExactlyOnceParquetSink, Rollover
 from filesink.cli.localspark import local_spark
-from filesink.metrics.figures import figures as metrics_hooks
+from filesink.metrics import figures as metrics_hooks
 
 
 def frames(spark: Any, batches: int, rows: int) -> list[Any]:

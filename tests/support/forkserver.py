@@ -73,9 +73,23 @@ PRELOAD = (
 recovery``). None reads an environment variable outside :data:`LAZY_VARS` when imported. Not the table
 formats' (``deltalake``, ``pyiceberg``): only a job on a table imports them, and pyiceberg's modules take about
 a second to tear down at exit, which every other child would then pay."""
-LAZY_VARS = ("FILESINK_", "MATRIX_JOB_", "CRASH_CHILD_", "AWS_", "PYTEST_CURRENT_TEST", "PYTHONPATH")
+LAZY_VARS = (
+    "FILESINK_",
+    "MATRIX_JOB_",
+    "CRASH_CHILD_",
+    "AWS_",
+    "PYTEST_CURRENT_TEST",
+    "PYTHONPATH",
+    "PYSPARK_",
+    "_PYSPARK_",
+    "SPARK_",
+    "_RJEM_",
+)
 """Variables (prefixes) read only when used, never when a preloaded module is imported: a child may have other
-values than the zygote. ``PYTHONPATH`` goes into the child's ``sys.path``."""
+values than the zygote. ``PYTHONPATH`` goes into the child's ``sys.path``. Spark's (``PYSPARK_PYTHON``, which a test
+process's first local Spark session sets, ``SPARK_*``) are read by pyspark, which the zygote never imports: without
+them here, every job after a test process's first Spark session ran as a plain subprocess. ``_RJEM_MALLOC_CONF`` is
+what a test process's import of polars sets for its allocator, which a forked child has already started with."""
 START_WAIT = 120.0
 """Seconds for the zygote to import :data:`PRELOAD` and say it is ready (a loaded 2-core machine)."""
 REPLY_WAIT = 60.0

@@ -25,8 +25,9 @@ stderr, as ``subprocess.run`` would:
   (``--format kafka``, ``spark.jars*``), which only a new JVM takes. Tests that kill or signal a command start it
   themselves.
 - **Deadlines**: the client waits for each answer at most the command's timeout; a server that does not answer in
-  time is killed with its process group (its JVM and Python workers), the test fails naming the command with the end
-  of its output, and the next command starts a new server.
+  time is killed with its process group (its JVM and Python workers), the test fails naming the command and how long
+  it waited (run the test with ``FILESINK_TEST_RUN_SERVER=0`` to see the command's own output), and the next command
+  starts a new server.
 
 ``FILESINK_TEST_RUN_SERVER=0`` runs every command in a process of its own instead, as before, to compare.
 """

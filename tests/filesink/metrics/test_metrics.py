@@ -183,7 +183,7 @@ def test_without_metrics_port_prometheus_client_is_not_imported(tmp_path):
 
 
 def test_event_records_are_one_json_line_each(capsys):
-    from filesink.cli.main import jsonlog
+    from filesink.cli import jsonlog
 
     book = MetricsBook()
     book.started("sink-x", 3, 7)
