@@ -596,15 +596,9 @@ def _reset_modules() -> None:
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
     logging.disable(logging.NOTSET)
-    failpoints = sys.modules.get("logstore.failpoints")
-    if failpoints is not None:
-        failpoints._hits.clear()
-    cache = sys.modules.get("logstore.segment_cache")
-    if cache is not None:
-        cache._warned.clear()
-    counts = sys.modules.get("logstore.requestcounts")
-    if counts is not None:
-        counts._counts.clear()
+    from helpers import forget_process_state
+
+    forget_process_state()
 
 
 def _new_stdio() -> None:

@@ -366,3 +366,30 @@ COLUMN_KINDS = [
     "list",
     "struct",
 ]
+
+
+PROCESS_STATE = (
+    ("logstore.failpoints", "_hits"),
+    ("logstore.requestcounts", "_counts"),
+    ("logstore.segment_cache", "_warned"),
+    ("filesink.output.location", "_fs_cache"),
+    ("filesink.tasks.shared", "_passed"),
+    ("filesink.sink.connect", "_open"),
+)
+"""What the product keeps per process (module, container): the failpoints' hits, the request counts, the segment
+cache's warnings said once, the output's filesystems, the tasks' checks, the sinks open in the process."""
+
+
+def forget_process_state() -> None:
+    """Empty what the product keeps per process (:data:`PROCESS_STATE`, and s3fs's shared instances), in the modules
+    already imported, so that what runs next in this process starts as a new process would: a forked job
+    (``forkserver``) or the run server's next command (``run_server``)."""
+    import sys
+
+    for module, name in PROCESS_STATE:
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            getattr(loaded, name).clear()
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is not None:
+        s3fs.S3FileSystem.clear_instance_cache()

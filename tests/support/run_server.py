@@ -244,24 +244,6 @@ def _stop_spark() -> None:
     SparkSession._activeSession = None
 
 
-def _forget_the_process() -> None:
-    """Empty what the product keeps per process, so that the next command starts as a new process would."""
-    from filesink.output import location
-    from filesink.sink import connect
-    from filesink.tasks import shared
-    from logstore import failpoints, requestcounts
-
-    location._fs_cache.clear()
-    shared._passed.clear()
-    connect._open.clear()
-    requestcounts._counts.clear()
-    failpoints._hits.clear()
-    with contextlib.suppress(Exception):
-        import s3fs
-
-        s3fs.S3FileSystem.clear_instance_cache()
-
-
 def _one(args: list[str], main: Any) -> int:
     sys.argv = [str(Path(main.__code__.co_filename).parents[1] / "__main__.py"), *args]
     try:
@@ -280,6 +262,8 @@ def _one(args: list[str], main: Any) -> int:
 
 
 def serve(requests: IO[str], answers: IO[str]) -> None:
+    from helpers import forget_process_state
+
     out, err = _Catcher(1), _Catcher(2)
     from filesink.cli.main import main
 
@@ -294,7 +278,7 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
         finally:
             with contextlib.suppress(Exception):
                 _stop_spark()
-            _forget_the_process()
+            forget_process_state()
             sys.stdout.flush()
             sys.stderr.flush()
             os.chdir(saved_cwd)
