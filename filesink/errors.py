@@ -212,3 +212,19 @@ class TableCommitUnknownError(FileSinkError):
 class KafkaSourceError(FileSinkError):
     """Spark's Kafka source cannot be had (its jar for this Spark version), or refuses the Kafka options: raised
     before the sink's state is opened, so nothing is sealed or written."""
+
+
+class JarFetchError(FileSinkError):
+    """Maven artifacts (Spark's Kafka source, Kafka's broker) could not be fetched: the message quotes what the
+    resolver said failed (an artifact not published, a dependency's download, a repository out of reach) and what to
+    do. Raised before anything is opened. ``unpublished``: the artifacts asked for that the repositories do not
+    have (``group:name:version``)."""
+
+    def __init__(self, message: str, unpublished: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.unpublished = unpublished
+
+
+class KafkaBrokerError(FileSinkError):
+    """``filesink kafka-broker`` could not start its broker, or one of Kafka's tools failed: the message says
+    which, with the end of the broker's log or the tool's answer."""

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import KafkaSourceError
+from .. import mavenjars
+from ..errors import JarFetchError, KafkaSourceError
 
 VALUE_FORMATS = ("string", "json", "binary")
 KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp")
@@ -194,22 +196,63 @@ def options_of(args: argparse.Namespace) -> KafkaOptions | None:
     )
 
 
-def spark_conf(conf: dict[str, str], spark_version: str) -> dict[str, str]:
-    """``conf`` with Spark's Kafka source for ``spark_version`` fetched by Spark's own resolver
-    (``spark.jars.packages``), unless the user gives the jars (``spark.jars``) or packages."""
+KAFKA_SPARK = "4.1.1"
+"""The Spark that ``--format kafka`` is tested on: the newest whose Kafka source is on Maven Central (none is
+published for Spark 4.2 or 4.3 yet). The ``kafka`` extra and ``scripts/kafka.sh`` install its pyspark."""
+
+
+def spark_conf(
+    conf: dict[str, str], spark_version: str, say: Callable[[str], None] = lambda line: None
+) -> dict[str, str]:
+    """``conf`` with the jars of Spark's Kafka source for ``spark_version`` (``spark.jars``), fetched once into the
+    user's cache (:mod:`filesink.mavenjars`: from Maven Central, or the repositories of ``spark.jars.repositories``
+    or ``spark.jars.ivySettings``), without the jars pyspark ships. Taken as it is when the user gives the jars
+    (``spark.jars``) or packages (``spark.jars.packages``: Spark's own resolver fetches them). Raises
+    :class:`KafkaSourceError`, quoting what failed, before anything is opened."""
     if "spark.jars" in conf or "spark.jars.packages" in conf:
         return conf
-    return {**conf, "spark.jars.packages": source_artifact(spark_version)}
-
-
-def missing_jar(spark_version: str, cause: str) -> KafkaSourceError:
     artifact = source_artifact(spark_version)
+    try:
+        jars = mavenjars.fetch(
+            [artifact],
+            exclude=mavenjars.shipped_names(mavenjars.pyspark_jars()),
+            repositories=mavenjars.Repositories.of_spark_conf(conf),
+            what=f"Spark {spark_version}'s Kafka source",
+            say=say,
+        )
+    except JarFetchError as e:
+        raise missing_jar(spark_version, str(e), published=not e.unpublished) from None
+    return {**conf, "spark.jars": ",".join(str(j) for j in jars)}
+
+
+def missing_jar(spark_version: str, cause: str, published: bool = False) -> KafkaSourceError:
+    """The error of a Spark without its Kafka source: ``cause`` (what failed); ``published`` false when the Kafka
+    source of ``spark_version`` is not published (then the Spark to run with instead)."""
+    if published:
+        return KafkaSourceError(f"{cause}. Nothing was written.")
+    artifact = source_artifact(spark_version)
+    other = (
+        f"run with pyspark {KAFKA_SPARK}, the Spark this project runs Kafka on: in an environment of its own, "
+        "pip install 'exactly-once-parquet-sink[kafka]' (from a clone: bash scripts/kafka.sh makes .venv-kafka)"
+        if spark_version != KAFKA_SPARK
+        else "check the network or name a mirror with --conf spark.jars.repositories=URL"
+    )
     return KafkaSourceError(
-        f"Spark {spark_version} has no Kafka source: the jar {artifact} could not be had ({cause}). Spark fetches "
-        "it from Maven Central (its spark.jars.packages); where that artifact is not published for this Spark "
-        "version, or there is no network, download the jar of the same Spark version with its dependencies "
-        "(kafka-clients, commons-pool2, spark-token-provider-kafka-0-10) and give them with "
-        "--conf spark.jars=a.jar,b.jar, or run with a pyspark whose version has it. Nothing was written."
+        f"Spark {spark_version} has no Kafka source: {cause}. To read Kafka, {other}; or give the jars of Spark's "
+        f"Kafka source ({artifact}) with their dependencies (kafka-clients, commons-pool2, "
+        "spark-token-provider-kafka-0-10) as --conf spark.jars=a.jar,b.jar (docs/kafka.md). Nothing was written."
+    )
+
+
+def packages_failed(spark_version: str, cause: str) -> KafkaSourceError:
+    """The error of a Spark that did not start with the ``spark.jars.packages`` the user gave (Spark's resolver
+    printed what failed above: its ``:: problems summary ::``)."""
+    return KafkaSourceError(
+        f"Spark {spark_version} did not start with the packages given by --conf spark.jars.packages ({cause}). "
+        "Spark's resolver printed above what failed (its problems summary: an artifact 'not found', a 'download "
+        "failed'). Leave spark.jars.packages out to have the run fetch Spark's Kafka source itself, from Maven "
+        f"Central into its own cache ({source_artifact(spark_version)}), or give the jars with --conf "
+        "spark.jars=a.jar,b.jar (docs/kafka.md). Nothing was written."
     )
 
 

@@ -323,11 +323,45 @@ def _add_demo(commands: argparse._SubParsersAction[Any]) -> None:
     )
 
 
+def _add_kafka_broker(commands: argparse._SubParsersAction[Any]) -> None:
+    text = (
+        "start a Kafka broker on 127.0.0.1 to try `filesink run --format kafka` with (one KRaft node, Apache "
+        "Kafka's jars fetched once into the user's cache), create topics, and write generated events into the "
+        "first, until Ctrl-C"
+    )
+    broker = commands.add_parser("kafka-broker", help=text, description=text + ". Not a production broker.")
+    broker.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("kafka-broker"),
+        help="the broker's storage, formatted at the first start and kept (default: kafka-broker)",
+    )
+    broker.add_argument("--port", type=int, default=9092, help="the port on 127.0.0.1 (default: 9092; 0: a free one)")
+    broker.add_argument(
+        "--topic",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a topic to create if it is missing (repeatable; default: events)",
+    )
+    broker.add_argument(
+        "--partitions", type=_positive, default=4, metavar="N", help="partitions of each new topic (default: 4)"
+    )
+    broker.add_argument(
+        "--produce",
+        type=int,
+        default=100,
+        metavar="N",
+        help="generated events a second written into the first topic (default: 100; 0: none)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="filesink", description="Exactly-once Parquet sink for Spark.")
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     _add_run(commands)
     _add_demo(commands)
+    _add_kafka_broker(commands)
     add_recover(commands)
     return parser
 
@@ -357,6 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.group == "recover":
         return recover(args, parser)
+    if args.group == "kafka-broker":
+        from ..demo.kafka_broker import serve
+
+        if args.produce < 0 or not 0 <= args.port < 65536:
+            parser.error("--produce takes 0 or more events a second, and --port a port number (0: a free one)")
+        topics = args.topic or ["events"]
+        return serve(args.dir, port=args.port, topics=topics, partitions=args.partitions, rate=args.produce)
     if args.group == "demo":
         from ..demo import demo
 

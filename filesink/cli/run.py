@@ -333,13 +333,13 @@ def kafka_stream(config: RunConfig, out: Out) -> tuple[Any, Any]:
 
     assert config.kafka is not None
     version = pyspark.__version__
-    conf = kafka_source.spark_conf(config.spark_conf, version)
+    conf = kafka_source.spark_conf(config.spark_conf, version, say=out)
     try:
         spark = spark_session(config.master, config.parallelism, conf)
     except Exception as e:
-        if "spark.jars.packages" not in conf:
+        if "spark.jars.packages" not in config.spark_conf:
             raise
-        raise kafka_source.missing_jar(version, "; ".join(runquery.spark_error_summary(e))[:400]) from None
+        raise kafka_source.packages_failed(version, "; ".join(runquery.spark_error_summary(e))[:400]) from None
     try:
         spark.sparkContext.setLogLevel("FATAL")
         stream = kafka_source.open_stream(spark, config.kafka)
