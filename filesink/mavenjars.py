@@ -253,18 +253,28 @@ def _resolve(
     work.replace(home)
 
 
-PROBLEM_WORDS = ("download failed:", "not found", "Server access error", "UnknownHost", "Connection refused")
+UNREACHABLE = ("Server access error", "UnknownHost", "Connection refused", "connect timed out")
 
 
 def problems(output: str) -> list[str]:
-    """The lines of Ivy's answer that say what failed: unresolved dependencies, failed downloads, unreachable
-    servers (each once, in order)."""
+    """The lines of Ivy's answer that say what failed, each once, in order: the unresolved dependencies (``...: not
+    found``), the failed downloads (``download failed: group#name;version!file.jar``), the servers out of reach."""
     lines: list[str] = []
+    section = ""
     for raw in output.splitlines():
-        line = raw.strip().lstrip(":").strip()
-        noise = line.startswith(("==", "module not found:"))  # the unresolved dependency's line says it
-        if any(w in line for w in PROBLEM_WORDS) and not noise and line not in lines:
-            lines.append(line)
+        line = raw.strip().lstrip(":").strip().rstrip(":").strip()
+        if "FAILED DOWNLOADS" in line or "UNRESOLVED DEPENDENCIES" in line:
+            section = line
+            continue
+        found = None
+        if line.startswith("download failed:") or any(w in line for w in UNREACHABLE):
+            found = line
+        elif "FAILED DOWNLOADS" in section and "!" in line and "#" in line:
+            found = f"download failed: {line}"
+        elif ("UNRESOLVED" in section and line.endswith("not found")) or "unresolved dependency:" in line:
+            found = line
+        if found and found not in lines:
+            lines.append(found)
     return lines
 
 
@@ -273,7 +283,7 @@ def failure(what: str, artifacts: Sequence[str], repositories: Repositories, out
     found = problems(output)
     quoted = "; ".join(found[:4]) or (output.strip().splitlines() or ["Ivy failed without a word"])[-1]
     unpublished = tuple(a for a in artifacts if any(f"{_ivy_name(a)}: not found" in line for line in found))
-    unreachable = any(w in output for w in ("Server access error", "UnknownHost", "Connection refused"))
+    unreachable = any(w in output for w in UNREACHABLE)
     if unpublished and not unreachable:
         return JarFetchError(
             f"{repositories.describe()} {'has' if len(unpublished) == 1 else 'have'} no {', '.join(unpublished)}: "
