@@ -42,6 +42,7 @@ LOOSE = (
     "filesink.lock",
     "filesink.localdirs",
     "filesink.words",
+    "filesink.mavenjars",
 )
 """The modules loose at the top of ``filesink/``, besides its ``__init__`` and ``__main__``: at most a dozen."""
 ROLES = ("filesink.sink.start", "filesink.sink.batch", "filesink.sink.append", "filesink.sink.roll")

@@ -397,7 +397,14 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.produce < 0 or not 0 <= args.port < 65536:
             parser.error("--produce takes 0 or more events a second, and --port a port number (0: a free one)")
         topics = args.topic or ["events"]
-        return serve(args.dir, port=args.port, topics=topics, partitions=args.partitions, rate=args.produce)
+        return serve(
+            args.dir,
+            port=args.port,
+            topics=topics,
+            partitions=args.partitions,
+            rate=args.produce,
+            out=lambda text: print(text, flush=True),
+        )
     if args.group == "demo":
         from ..demo import demo
 
