@@ -29,6 +29,7 @@ COUNTERS = {
     "filesink_retries_total",
     "filesink_refusals_total",
     "filesink_fenced_total",
+    "filesink_query_restarts_total",
 }
 GAUGES = {
     "filesink_rows_held",

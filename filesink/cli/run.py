@@ -13,7 +13,8 @@ needs, and where the ways differ, the difference is inside a stage:
 4. :func:`start_query`: the input's stream, in the schema the sink recorded (JSON and CSV), the merged one
    (Parquet), ``--schema`` or Kafka's columns; Ctrl-C and SIGTERM handled from here; the query started;
 5. :func:`watch`: progress, and each new schema the sink takes, until the input is drained (``--available-now``:
-   then what the log store holds is written) or a stop is asked for;
+   then what the log store holds is written) or a stop is asked for; a Kafka query that Spark 4.1 fails after
+   replaying a batch (SPARK-55271) started again, a bounded number of times (:mod:`filesink.cli.kafka_restart`);
 6. :func:`report`: the failure, or the run's summary, and what the log store still holds.
 
 Stopping (Ctrl-C or SIGTERM) waits for the batch in progress, stops the query, and says what the log store
@@ -37,7 +38,7 @@ from ..errors import EXIT_OK, InputError
 from ..localdirs import make_local_dir
 from ..sink import face as sink_module
 from ..sink.face import ExactlyOnceParquetSink
-from . import connect_run, kafka_gaps, kafka_source, runquery
+from . import connect_run, kafka_gaps, kafka_restart, kafka_source, runquery
 from .inputschema import MergedInput, check_against_sink, in_sink_order, spark_schema
 from .preflight import InputFiles, check_input, check_master, check_named_columns, check_s3, ddl_columns
 from .progress import Progress, committed_line, recovered_commits, rows_line
@@ -93,12 +94,13 @@ class Spark:
 
 @dataclass(frozen=True)
 class Query:
-    """The started query and what watches it: the ``foreachBatch`` function (local or classic Spark), the progress
-    display, Kafka's gaps (records skipped at the source), the stop asked for, whether the run's summary was said,
-    and ``handlers``: Ctrl-C and SIGTERM (and, on local or classic Spark, the end of the sink and Spark), left
-    by :func:`report`."""
+    """The started query and what watches it: the writer that started it (:func:`watch` may start it again), the
+    ``foreachBatch`` function (local or classic Spark), the progress display, Kafka's gaps (records skipped at the
+    source), the stop asked for, whether the run's summary was said, and ``handlers``: Ctrl-C and SIGTERM (and, on
+    local or classic Spark, the end of the sink and Spark), left by :func:`report`."""
 
     query: Any
+    writer: Any
     batches: Batches | None
     progress: Any
     gaps: kafka_gaps.GapWatch | None
@@ -125,7 +127,7 @@ def run(config: RunConfig, console: Any, out: Out = print) -> int:
     try:
         spark = start_spark(config, checked, opened)
         query = start_query(config, checked, opened, spark, console)
-        outcome = watch(query, opened)
+        outcome = watch(config, query, opened, out)
         return report(config, opened, spark, query, outcome, started, out)
     finally:
         _end(opened, spark)
@@ -271,15 +273,18 @@ def start_query(config: RunConfig, checked: Checked, opened: OpenedSink, spark: 
     except BaseException:
         handlers.close()
         raise
-    return Query(query, batches, progress, gaps, stop, summary_said, handlers)
+    return Query(query, writer, batches, progress, gaps, stop, summary_said, handlers)
 
 
-def watch(query: Query, opened: OpenedSink) -> Outcome:
+def watch(config: RunConfig, query: Query, opened: OpenedSink, out: Out) -> Outcome:
     """Show progress until the query ends or a stop is asked for; drained (``--available-now``), write what the
-    log store holds (under Spark Connect, through a one-batch query on the server). The handlers of Ctrl-C and
-    SIGTERM stay for :func:`report`, unless this fails."""
+    log store holds (under Spark Connect, through a one-batch query on the server). A Kafka query that Spark 4.1
+    fails after replaying a batch (SPARK-55271) is started again, at most
+    :data:`filesink.cli.kafka_restart.MAX_RESTARTS` times, with a note each (:mod:`filesink.cli.kafka_restart`).
+    The handlers of Ctrl-C and SIGTERM stay for :func:`report`, unless this fails."""
     try:
-        failure = runquery.watch(query.query, query.batches, query.stop, query.gaps or query.progress)
+        restart = kafka_restart.restarts_for(config.kafka, query.writer, query.batches, query.gaps, out)
+        failure = runquery.watch(query.query, query.batches, query.stop, query.gaps or query.progress, restart)
         if failure is None and not query.stop.is_set():  # drained (--available-now): write what the log store holds
             opened.sink.flush()
         return Outcome(failure)
@@ -292,10 +297,11 @@ def report(
     config: RunConfig, opened: OpenedSink, spark: Spark, query: Query, outcome: Outcome, started: float, out: Out
 ) -> int:
     """Say how the run ended and return its exit status: a failed query's error and what to do
-    (:func:`filesink.cli.runquery.report_failure`); else the summary line, stopped or done, with Kafka's records
-    skipped at the source. On local or classic Spark the sink closes and Spark stops before the handlers of Ctrl-C
-    and SIGTERM go, and then the run says what the log store still holds; under Spark Connect the summary comes
-    after the handlers go (:func:`filesink.cli.connect_run.report_end`)."""
+    (:func:`filesink.cli.runquery.report_failure`); else the summary line, stopped or done, with the query's
+    restarts (:func:`filesink.cli.kafka_restart.restarts_line`) and Kafka's records skipped at the source. On local
+    or classic Spark the sink closes and Spark stops before the handlers of Ctrl-C and SIGTERM go, and then the run
+    says what the log store still holds; under Spark Connect the summary comes after the handlers go
+    (:func:`filesink.cli.connect_run.report_end`)."""
     with query.handlers:
         if outcome.failure is not None:
             return report_failure(outcome.failure, query.batches, config, out)
@@ -306,9 +312,10 @@ def report(
         stats = opened.sink.stats
         verb = "stopped" if query.stop.is_set() else "done"
         recovered = recovered_commits(opened.sink.recovered)
+        restarts = kafka_restart.restarts_line(opened.sink.metrics().query_restarts)
         out(
             f"{verb}: {rows_line(stats)}; files committed "
-            f"{committed_line(stats.file_sizes, stats.objects, recovered)}; "
+            f"{committed_line(stats.file_sizes, stats.objects, recovered)}; {restarts}"
             f"{time.monotonic() - started:,.1f} s"
         )
         query.summary_said.set()

@@ -126,8 +126,17 @@ def _end_local_jvm(deadline: float = 3.0) -> None:
         return
 
 
-def watch(query: Any, batches: Batches | None, stop: threading.Event, progress: Any) -> BaseException | None:
-    """Show progress until the query ends or a stop is asked for; returns the query's error, if it failed."""
+def watch(
+    query: Any,
+    batches: Batches | None,
+    stop: threading.Event,
+    progress: Any,
+    restart: Callable[[BaseException], Any] | None = None,
+) -> BaseException | None:
+    """Show progress until the query ends or a stop is asked for; returns the query's error, if it failed.
+    ``restart``, given the error of a query that failed while no stop was asked for, returns a new start of the
+    query to watch in its place, or None (:mod:`filesink.cli.kafka_restart`); a stop asked for while it starts
+    stops the new query."""
     from pyspark.errors import StreamingQueryException
 
     with progress:
@@ -138,7 +147,10 @@ def watch(query: Any, batches: Batches | None, stop: threading.Event, progress: 
             except StreamingQueryException as e:
                 if stop.is_set():  # the batch in progress failed of the stop (a Ctrl-C reaches Spark's Python
                     break  # workers too): nothing of it was committed, and the next run repeats it
-                return e
+                again = restart(e) if restart is not None else None
+                if again is None:
+                    return e
+                query = again
             progress.update()
             if stop.is_set():
                 if batches is not None:  # under Spark Connect the batch in progress is the server's

@@ -16,6 +16,9 @@ What the counters count (per run: every counter starts at 0 when the sink starts
   partly visible) counts once, in that run, with the bytes it has now.
 - rows appended are rows this run appended to the log store: a batch Spark runs again after a crash, whose epoch
   the log store sealed already, is a replay and adds nothing.
+- query restarts are those ``filesink run`` made of its streaming query in this process since the sink started
+  (:func:`query_restarted`: past SPARK-55271, :mod:`filesink.cli.kafka_restart`); a sink fed by a program's own
+  query counts none.
 
 This module imports no part of ``prometheus_client`` (:mod:`filesink.metrics.prometheus` does, when asked to serve).
 """
@@ -52,6 +55,24 @@ if TYPE_CHECKING:
     from ..committer.ledger import PlannedFile
     from ..rolling.backlog import BacklogTracker
 
+_restarts_lock = threading.Lock()
+_query_restarts = 0
+"""Streaming queries restarted in this process (:func:`query_restarted`); each book counts from its start."""
+
+
+def query_restarted() -> None:
+    """Count a restart of the streaming query that feeds the sink open in this process (``filesink run``, past
+    SPARK-55271): every sink open in this process counts it, in ``query_restarts``."""
+    global _query_restarts
+    with _restarts_lock:
+        _query_restarts += 1
+
+
+def _restarts_now() -> int:
+    with _restarts_lock:
+        return _query_restarts
+
+
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Upper bounds in seconds of the duration histograms' buckets (Prometheus adds ``+Inf``)."""
 
@@ -87,9 +108,9 @@ class Timing:
 class SinkMetrics:
     """A snapshot of one sink's figures in this run (``sink.metrics()``), for a progress display or an exporter.
 
-    Counters (``*_committed``, ``rows_appended``, the requests, retries, refusals, fencings, the timings' counts)
-    start at 0 when the sink starts and never go back; gauges (``*_held``, ``pending_files``, ``writer_term``)
-    say the state now, read from the recovered state at start and kept up to date by each step.
+    Counters (``*_committed``, ``rows_appended``, the requests, retries, refusals, fencings, query restarts, the
+    timings' counts) start at 0 when the sink starts and never go back; gauges (``*_held``, ``pending_files``,
+    ``writer_term``) say the state now, read from the recovered state at start and kept up to date by each step.
     """
 
     sink: str
@@ -144,6 +165,10 @@ class SinkMetrics:
     """``reason -> batches refused`` before anything of them was written (:data:`REFUSALS`)."""
     fenced: int
     """Times a step of this run found a newer run owns the sink (``FencedError``): this run writes nothing more."""
+    query_restarts: int
+    """Times ``filesink run`` restarted the streaming query that feeds the sink, in this process since the sink
+    started: past SPARK-55271, the failure of Spark 4.1's Kafka source after a replayed batch
+    (:mod:`filesink.cli.kafka_restart`). A sink fed by a program's own query counts none."""
 
 
 class _Histogram:
@@ -174,6 +199,7 @@ class MetricsBook:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._baseline = requestcounts.snapshot()  # the driver's requests count from this run's start
+        self._restarts_baseline = _restarts_now()  # and the query's restarts
         self._tasks: dict[Key, int] = {}
         self.sink = ""
         self.term = 0
@@ -304,6 +330,7 @@ class MetricsBook:
                 retries=sum(_figure(counts, "retries").values()),
                 refusals=dict(self._refusals),
                 fenced=self._fenced,
+                query_restarts=_restarts_now() - self._restarts_baseline,
             )
 
 
@@ -368,6 +395,7 @@ def event_record(kind: str, m: SinkMetrics, seconds: float, detail: Mapping[str,
         "retries_total": m.retries,
         "refusals_total": dict(sorted(m.refusals.items())),
         "fenced_total": m.fenced,
+        "query_restarts_total": m.query_restarts,
     }
 
 

@@ -25,6 +25,11 @@ COUNTERS = (
     ),
     ("filesink_files_committed", "Files this run committed (recovery's at start included).", "files_committed"),
     ("filesink_bytes_committed", "Bytes of the files this run committed.", "bytes_committed"),
+    (
+        "filesink_query_restarts",
+        "Times filesink run restarted the streaming query past SPARK-55271 (Spark 4.1's Kafka source).",
+        "query_restarts",
+    ),
 )
 GAUGES = (
     ("filesink_rows_held", "Rows the log store holds that no committed file holds yet.", "rows_held"),

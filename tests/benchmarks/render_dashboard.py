@@ -114,12 +114,13 @@ PANELS: list[tuple[str, str, list[Series]]] = [
         [Series("rate", "filesink_storage_errors_total", ("sink", "store", "kind"))],
     ),
     (
-        "Retries, refusals and fencings",
+        "Retries, refusals, fencings and restarts",
         f"per {WINDOW:.0f} s",
         [
             Series("increase", "filesink_retries_total", legend="retries"),
             Series("increase", "filesink_refusals_total", ("sink", "reason"), "refused"),
             Series("increase", "filesink_fenced_total", legend="fenced"),
+            Series("increase", "filesink_query_restarts_total", legend="query restarted"),
         ],
     ),
 ]

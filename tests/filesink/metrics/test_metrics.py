@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sink_helpers import _fs, batch_df, batch_rows, parquet_files, read_pyarrow
 
 from filesink import ExactlyOnceParquetSink, MetricsPortError, Rollover, SchemaMismatchError, StateBehindError
-from filesink.metrics.figures import MetricsBook, event_record
+from filesink.metrics.figures import MetricsBook, event_record, query_restarted
 from logstore.errors import FencedError
 
 COUNTERS = (
@@ -30,6 +30,7 @@ COUNTERS = (
     "filesink_retries_total",
     "filesink_refusals_total",
     "filesink_fenced_total",
+    "filesink_query_restarts_total",
     "filesink_append_seconds_count",
     "filesink_roll_seconds_count",
     "filesink_table_commit_seconds_count",
@@ -227,3 +228,26 @@ def test_refusals_by_reason_and_a_fencing_counted_once():
     m = book.snapshot()
     assert m.refusals == {"state_behind": 1, "schema_mismatch": 2}
     assert m.fenced == 1
+
+
+def test_query_restarts_count_from_the_sinks_start_in_the_figures_events_and_exposition():
+    """``filesink run``'s restarts of its query (past SPARK-55271) are counted by the sinks open in the process, each
+    from its start: in ``sink.metrics()``, the JSON event records and the Prometheus exposition."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from filesink.metrics.prometheus import SinkCollector
+
+    query_restarted()  # before the sink started: not its own
+    book = MetricsBook()
+    book.started("sink-r", 1, -1)
+    assert book.snapshot().query_restarts == 0
+    query_restarted()
+    query_restarted()
+    assert book.snapshot().query_restarts == 2
+    assert event_record("batch", book.snapshot(), 0.0, {})["query_restarts_total"] == 2
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SinkCollector(book.snapshot))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert families["filesink_query_restarts"].type == "counter"
+    [sample] = [s for s in families["filesink_query_restarts"].samples if s.name.endswith("_total")]
+    assert (sample.name, sample.labels, sample.value) == ("filesink_query_restarts_total", {"sink": "sink-r"}, 2)
