@@ -1,9 +1,9 @@
-"""``filesink run --format kafka`` against a real broker (``kafka_env.py``: Apache Kafka's KRaft node from Maven
-Central's jars) and a real Spark: the pinned second environment of ``engines_env.py`` (pyspark 4.1.1 with Spark's
-Kafka source of the same version, given to the run with ``--conf spark.jars``), where the sink runs from this
-checkout (``PYTHONPATH``). The test environment's own pyspark has no Kafka source on Maven Central yet
-(``docs/kafka.md``). Where Maven, Java or the network are missing, the tests are skipped with the command that
-failed and its answer.
+"""``filesink run --format kafka`` against a real broker (``kafka_env.py``: ``filesink kafka-broker``'s KRaft node,
+Apache Kafka's jars from Maven Central) and a real Spark: the pinned second environment of ``engines_env.py``
+(pyspark 4.1.1, the Spark ``scripts/kafka.sh`` sets up for a user), where the sink runs from this checkout
+(``PYTHONPATH``) and fetches Spark's Kafka source itself, as docs/kafka.md says (nothing but the brokers and topics
+given). The test environment's own pyspark has no Kafka source on Maven Central yet (``docs/kafka.md``). Where
+Maven Central or Java are missing, the tests are skipped with the command that failed and its answer.
 
 Exactly-once is checked the way a reader would: every (topic, partition, offset) the broker holds is in the output
 exactly once, with the value and key it was written with (exact multisets), after the job was SIGKILLed mid-stream
@@ -39,7 +39,6 @@ RUN_DEADLINE = 300.0
 """Seconds for one ``--available-now`` run (Spark's start and a few batches; the machine may be shared)."""
 BATCHES_DEADLINE = 240.0
 """Seconds for a run to commit its first batches before it is killed."""
-KAFKA_JARS = ("spark-sql-kafka", "spark-token-provider-kafka", "kafka-clients", "commons-pool2")
 
 
 @pytest.fixture
@@ -62,14 +61,13 @@ def _start(
     tmp_path: Path, broker: KafkaBroker, topics: str, parallelism: int, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[Any]:
     engines = engines_or_skip()
-    jars = ",".join(str(j) for j in engines.jars if j.name.startswith(KAFKA_JARS))
     args = [
         str(engines.python),
         *("-m", "filesink", "run", "--format", "kafka", "--kafka-bootstrap", broker.bootstrap),
         *(("--topics", topics) if topics else ()),  # none: --topic-pattern is in ``extra``
         *("--output", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")),
         *("--parallelism", str(parallelism), "--trigger", "1s", "--max-file-age", "1s"),
-        *("--kafka-option", "maxOffsetsPerTrigger=150", "--conf", f"spark.jars={jars}", *extra),
+        *("--kafka-option", "maxOffsetsPerTrigger=150", *extra),
     ]
     environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYSPARK_PYTHON", "SPARK_HOME")}
     environ.update(env or {}, PYTHONPATH=str(ROOT))
