@@ -29,12 +29,12 @@ What each S3 server does with the table formats (measured with SeaweedFS 4.48, m
   replace each other's entries (3 threads committing 15 times each: 44 commits acknowledged, 36 versions in the
   log). So the sink probes a Delta table's server for conditional create at start, as it does the log store's, and
   refuses rclone's unless ``single_driver=True``.
-- rclone's ``serve s3``, Iceberg: with pyiceberg's default file IO (pyarrow's S3 client) every commit fails: the
+- rclone's ``serve s3``, Iceberg: the sink's default file IO for the table's metadata (pyiceberg's fsspec file IO,
+  s3fs) commits. With pyarrow's file IO given in the catalog properties (``py-io-impl``) every commit fails: the
   manifest's ``UploadPart`` is sent with a streaming request checksum and no ``Content-Length``, which rclone refuses
-  (``411 MissingContentLength``). The files stay pending; with pyiceberg's fsspec file IO in the catalog properties
-  (``py-io-impl``) the next start commits them once. pyarrow does not abort the refused upload: it stays in progress
-  under ``metadata/`` (not the sink's: its recovery leaves it alone). Polars cannot read the data files (the ranged
-  GETs above); pyiceberg can, with either file IO.
+  (``411 MissingContentLength``). The files stay pending; the next start without it commits them once. pyarrow does
+  not abort the refused upload: it stays in progress under ``metadata/`` (not the sink's: its recovery leaves it
+  alone). Polars cannot read the data files (the ranged GETs above); pyiceberg can, with either file IO.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ METADATA = {"delta": ("_delta_log/",), "iceberg": ("metadata/", EMBEDDED_CATALOG
 """Per format, what under a table's location is the table's own metadata (not data files)."""
 NON_PARTIAL = "Received non-partial response when range requested"
 """What Rust's object_store says of rclone's answer to a ranged GET (200, not 206)."""
-FSSPEC_IO = "pyiceberg.io.fsspec.FsspecFileIO"
+PYARROW_IO = "pyiceberg.io.pyarrow.PyArrowFileIO"
 JOB = SUPPORT / "sink_job.py"
 JOB_TIMEOUT = 240
 """Seconds a run of the kill test's job may take (Spark's start, recovery, a few batches) on a busy machine."""
@@ -562,7 +562,7 @@ def test_an_iceberg_table_on_each_s3_server_with_a_sqlite_catalog(
     first = 0
     if name == "rclone":  # pyarrow's uploads with a streaming checksum are refused: nothing committed, files pending
         monkeypatch.delenv("AWS_REQUEST_CHECKSUM_CALCULATION", raising=False)
-        sink = _s3_sink(out, tmp_path / "state", options, "iceberg", catalog)
+        sink = _s3_sink(out, tmp_path / "state", options, "iceberg", {**catalog, "py-io-impl": PYARROW_IO})
         with pytest.raises(TableCommitFailedError, match="MissingContentLength") as failed:
             _epochs(sink, range(2))  # the roll after epoch 1 commits
         assert "did not land" in str(failed.value)
@@ -571,7 +571,6 @@ def test_an_iceberg_table_on_each_s3_server_with_a_sqlite_catalog(
         sink.close()
         with pytest.raises(NoSuchTableError):
             _iceberg(catalog, options)
-        catalog["py-io-impl"] = FSSPEC_IO  # the way out: pyiceberg's fsspec file IO
         commits.append(pending)  # the next start commits the pending files, once
         first = 2
     sink = _s3_sink(out, tmp_path / "state", options, "iceberg", catalog)
@@ -642,7 +641,7 @@ def test_filesink_run_into_an_iceberg_table_on_s3_with_a_sqlite_catalog(
     tmp_path: Path, s3_server: S3Settings, s3_prefix: str
 ) -> None:
     """As a user runs it: the endpoint in AWS_ENDPOINT_URL only, and a SQLite catalog. A first run whose catalog
-    gives pyiceberg's file IO a key the server does not know writes its files and cannot commit them (they stay
+    gives the table's file IO a key the server does not know writes its files and cannot commit them (they stay
     pending); the next run, with the same keys as the sink's own client (the sink gives pyiceberg's file IO the
     endpoint it takes from AWS_ENDPOINT_URL), commits them at its start, and its summary counts them."""
     expected = input_file(tmp_path / "in", 0, 400)
@@ -663,7 +662,8 @@ def test_filesink_run_into_an_iceberg_table_on_s3_with_a_sqlite_catalog(
     assert first.returncode == 1, first.stderr[-3000:]
     error = first.stderr.strip().splitlines()[-1]
     assert error.startswith("error: the commit of 2 files (") and "did not land" in error, error
-    assert "INVALID_ACCESS_KEY_ID" in error and "The files stay pending" in error, error
+    assert "access key id you provided does not exist" in error.lower(), error
+    assert "s3.access-key-id from the catalog properties" in error and "The files stay pending" in error, error
     with pytest.raises(NoSuchTableError):
         _iceberg(catalog, s3_server.storage_options())
 
