@@ -412,7 +412,7 @@ class TableCampaign(Campaign):
             end, first_vnode, last_vnode = int(m[2]), int(m[3]), int(m[4])
             assert all(points[v] >= end for v in range(first_vnode, last_vnode + 1)), f"{what}: {key} not committed"
         # The sink's uploads are all ended. The table's metadata files (Iceberg) are written by pyiceberg's file IO
-        # (pyarrow's S3 file system), which leaves an upload behind when a request of it fails: counted, not checked.
+        # (s3fs by default; pyarrow's, when chosen, leaves an upload behind when a request fails): counted, not checked.
         uploads = uploads_in_progress(self.s3_server, self.prefix)
         metadata = self.prefix.removeprefix(f"s3://{self.s3_server.bucket}/") + "/table/metadata/"
         self.metadata_uploads = sum(key.startswith(metadata) for key in uploads)
