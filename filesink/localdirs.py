@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from logstore.diagnosis import Kind, diagnose
 from logstore.storage import ensure_dir
 
 from .errors import SinkOptionError
@@ -31,7 +32,8 @@ def make_local_dir(path: Path, what: str, *, create: bool = True) -> None:
     try:
         ensure_dir(path)
     except OSError as e:
-        raise SinkOptionError(
-            f"{what} {path} cannot be created: {e.strerror or e}. Nothing was written. Check the permissions of "
-            f"{path.parent} (or create {path} yourself) and start again."
-        ) from e
+        found = diagnose(e, str(e.filename or path.parent))
+        advice = found.advise("start again", first=True)
+        if found.kind is Kind.PERMISSION:
+            advice += f" Or create {path} yourself."
+        raise SinkOptionError(f"{what} {path} cannot be created: {found.cause}. Nothing was written. {advice}") from e

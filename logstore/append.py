@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import segment
+from .diagnosis import diagnose
 from .errors import InvalidSegmentInputError, LogStoreError, LogWriteError
 from .failpoints import failpoint
 from .reorder import Reorder
@@ -211,11 +212,11 @@ def append_segment(
     except LogStoreError:
         raise
     except OSError as e:
-        raise LogWriteError(
-            e.errno,
-            f"{where}: cannot write {storage.display(name)}: {e.strerror or e}. Nothing of this epoch is sealed, so "
-            "nothing is lost: fix the cause (free space, check the disk) and restart the query; the epoch is "
-            "appended again.",
-        ) from e
+        found = diagnose(e, target.location.canonical)
+        message = (
+            f"{where}: cannot write {storage.display(name)}: {found.cause}. Nothing of this epoch is sealed, so "
+            f"nothing is lost: {found.advise('restart the query; the epoch is appended again')}"
+        )
+        raise (LogWriteError(message) if e.errno is None else LogWriteError(e.errno, message)) from e
     failpoint("logstore.append.after_write")
     return encoder.descriptor

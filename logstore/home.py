@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import guards
+from .diagnosis import diagnose
 from .errors import FencedError, HomeRecordError
 from .storage import Storage, is_temp_name
 
@@ -193,12 +194,13 @@ class DurableHome:
         try:
             yield
         except OSError as e:
-            raise type(e)(
-                e.errno,
-                f"cannot record {self.storage.display(relpath)} in the sink's durable home: {e.strerror or e}. "
-                "What it records has not taken effect; fix the cause (free space, permissions, the store) and "
-                "restart the query: recovery goes on from the records that are there.",
-            ) from e
+            found = diagnose(e, self.storage.display(""))
+            message = (
+                f"cannot record {self.storage.display(relpath)} in the sink's durable home: {found.cause}. What it "
+                f"records has not taken effect: "
+                f"{found.advise('restart the query; recovery goes on from the records that are there')}"
+            )
+            raise (type(e)(message) if e.errno is None else type(e)(e.errno, message)) from e
 
     def delete(self, relpath: str) -> None:
         self.storage.delete(relpath)

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import pyarrow as pa
 
 from . import segment
+from .diagnosis import told
 from .errors import SEGMENT_WAY_OUT, SegmentCorruptError, SegmentMissingError
 from .segment import Block, describe_vnodes
 from .storage import ReadRange, Storage
@@ -146,7 +147,7 @@ def _decode(
         return segment.decode_block(data, schema)
     except (pa.ArrowInvalid, OSError) as e:
         raise SegmentCorruptError(
-            f"segment {_where(storage, item)}: block at offset {block.offset}: {e}. {SEGMENT_WAY_OUT}."
+            f"segment {_where(storage, item)}: block at offset {block.offset}: {told(e)}. {SEGMENT_WAY_OUT}."
         ) from e
 
 

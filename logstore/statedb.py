@@ -19,6 +19,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from .diagnosis import cause_of, diagnose
 from .errors import StateDatabaseError, StateMismatchError
 from .storage import ensure_dir
 
@@ -168,7 +169,7 @@ def translated(path: str, what: str) -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as e:
-        raise StateDatabaseError(f"{what}: the state database {path} failed: {e}. {advice(e, path)}") from e
+        raise StateDatabaseError(f"{what}: the state database {path} failed: {cause_of(e)}. {advice(e, path)}") from e
 
 
 def advice(error: sqlite3.Error, path: str) -> str:
@@ -206,10 +207,8 @@ def advice(error: sqlite3.Error, path: str) -> str:
             f"SQLite cannot open it: check that {where} exists and is readable and writable (SQLite creates "
             f"{Path(path).name}-wal and -shm files next to the database), then run again."
         )
-    return (
-        "Its transaction was rolled back, so nothing is lost: fix the cause (free space, check the disk and the "
-        "file's permissions) and restart the query."
-    )
+    found = diagnose(error, where)
+    return f"Its transaction was rolled back, so nothing is lost: {found.advise('restart the query')}"
 
 
 class HasDatabase(Protocol):

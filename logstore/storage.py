@@ -16,12 +16,14 @@ import queue
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
 from . import requestcounts
+from .diagnosis import CHECKSUMS_WHEN, Kind, diagnose, record, s3_answer
+from .diagnosis import is_local as is_local
 from .failpoints import failpoint
 from .segment import SUFFIX as SEGMENT_SUFFIX
 from .segment_cache import CachedReads, open_cache
@@ -46,11 +48,6 @@ def is_temp_name(relpath: str) -> bool:
 Bytes = bytes | bytearray | memoryview | Any  # pyarrow Buffers support the buffer protocol too
 
 
-def is_local(url: str) -> bool:
-    """Whether ``url`` names a local path (a plain path or a ``file://`` URL) rather than an fsspec URL."""
-    return "://" not in url or url.startswith("file://")
-
-
 S3_RETRIES: Mapping[str, Any] = {"mode": "standard", "max_attempts": 3}
 """botocore's retry configuration for S3 clients: up to 3 retries (4 attempts) of a request; botocore's
 ``max_attempts`` counts retries. Standard mode retries 5xx answers, throttling, timeouts and dropped
@@ -64,7 +61,7 @@ S3FS_RETRIES = 1
 """Attempts of s3fs's own retry loop around each call (its ``retries``, 5 by default). Each of its attempts is a
 whole botocore call with botocore's retries, so s3fs's default multiplied the time a dead endpoint takes by 5;
 botocore's retries are the only ones. Set ``retries`` in the storage options to change it."""
-S3_CHECKSUMS = "when_required"
+S3_CHECKSUMS = CHECKSUMS_WHEN
 """botocore's ``request_checksum_calculation`` and ``response_checksum_validation``: checksums only where an
 operation requires one. botocore's default (``when_supported``) adds CRC32 trailers to uploads and checks the
 checksum headers of answers, which S3-compatible servers get wrong: ``rclone serve s3`` sends the whole object's
@@ -74,34 +71,41 @@ LIMITS_HINT = (
     "The limits are storage options: config_kwargs read_timeout (default {read:g} s), connect_timeout (default "
     "{connect:g} s) and retries max_attempts (default {retries} retries)"
 ).format(read=S3_READ_TIMEOUT, connect=S3_CONNECT_TIMEOUT, retries=S3_RETRIES["max_attempts"])
-TIMEOUT_HINT = (
-    f"Check that the S3 endpoint is the right one and that its server is running and answering. {LIMITS_HINT}"
-)
-"""What an error of an S3 endpoint that did not answer (or could not be reached) says to do."""
 
 
-def storage_error(what: str, e: BaseException) -> OSError:
+def storage_error(what: str, e: BaseException, location: str = "s3://") -> OSError:
     """``e`` (what a storage client raised, after its retries) as an ``OSError`` saying ``what`` failed; the
     built-in subclass of its errno (``OSError(errno, ...)`` gives ``PermissionError``, ``TimeoutError``, ...).
     A timeout or a connection that failed is a ``TimeoutError`` that says what to check and which storage options
-    set the limits; a checksum the server got wrong says which storage option turns the check off."""
-    errno, strerror = getattr(e, "errno", None), getattr(e, "strerror", None)
-    message = f"{what}: {strerror or e}"
+    set the limits; missing credentials say what to set, and a checksum the server got wrong which storage option
+    turns the check off (:func:`logstore.diagnosis.diagnose`; ``location`` is the URL the call was about). The
+    cause and its kind are recorded on the error (:func:`logstore.diagnosis.record`), for callers that wrap it."""
+    errno = getattr(e, "errno", None)
+    found = diagnose(e, location, kind=_client_kind(e))
+    message = f"{what}: {found.cause}"
+    made: OSError
+    if found.kind is Kind.UNREACHABLE:
+        found = replace(found, note=LIMITS_HINT)
+        message += f". {found.advise(first=True)}"
+        made = TimeoutError(errno, message) if errno is not None else TimeoutError(message)
+    elif found.kind is Kind.CREDENTIALS:
+        made = PermissionError(f"{message}. {found.advise(first=True)}")
+    elif found.kind is Kind.CHECKSUM:
+        made = OSError(f"{message}. {found.advise(first=True)}")
+    else:
+        made = OSError(errno, message) if errno is not None else OSError(message)
+    return record(made, found.cause, kind=found.kind, note=found.note, what=what)
+
+
+def _client_kind(e: BaseException) -> Kind | None:
+    """The kind of the storage client's own errors, which only this module (their owner) tells."""
     if is_unreachable(e):
-        message += f". {TIMEOUT_HINT}."
-        return TimeoutError(errno, message) if errno is not None else TimeoutError(message)
+        return Kind.UNREACHABLE
     if type(e).__name__ == "NoCredentialsError":
-        return PermissionError(
-            f"{message}. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or give key and secret in "
-            "the storage options"
-        )
+        return Kind.CREDENTIALS
     if type(e).__name__ == "FlexibleChecksumError":
-        return OSError(
-            f"{message}. The S3 server sent a checksum that does not match the data it sent (this server does not "
-            "support response checksums on every request; rclone's sends the whole object's with a ranged read): "
-            f"set the storage option config_kwargs response_checksum_validation={S3_CHECKSUMS} (the default)"
-        )
-    return OSError(errno, message) if errno is not None else OSError(message)
+        return Kind.CHECKSUM
+    return None
 
 
 def is_unreachable(e: BaseException) -> bool:
@@ -571,7 +575,7 @@ class FsspecStorage:
             if not is_storage_error(e):
                 raise
             requestcounts.count(store, kind, "errors")
-            raise storage_error(f"cannot {action} {self.display(relpath)}", e) from e
+            raise storage_error(f"cannot {action} {self.display(relpath)}", e, self.display(relpath)) from e
 
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
         data = b"".join(parts)
@@ -635,7 +639,7 @@ class FsspecStorage:
             if code in CONDITION_REFUSED or status == 501:
                 return ConditionalPut(PutAnswer.REFUSED, seen)
             requestcounts.count(store, "put", "errors")
-            raise storage_error(f"cannot create {self.display(relpath)}", e) from e
+            raise storage_error(f"cannot create {self.display(relpath)}", e, self.display(relpath)) from e
         requestcounts.count(store, "put", "retries", requestcounts.retries_in(answer))
         status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(answer, dict) else None
         return ConditionalPut(PutAnswer.CREATED, f"HTTP {status}" if status else "success")
@@ -762,11 +766,4 @@ CONDITION_REFUSED = ("NotImplemented", "InvalidArgument", "InvalidRequest")
 
 def s3_error_code(e: BaseException) -> tuple[str | None, int | None]:
     """The S3 error code and HTTP status behind an exception s3fs raised (its cause is botocore's error)."""
-    seen: BaseException | None = e
-    while seen is not None:
-        response = getattr(seen, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return response.get("Error", {}).get("Code"), status if isinstance(status, int) else None
-        seen = seen.__cause__ or seen.__context__
-    return None, None
+    return s3_answer(e)

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from logstore.diagnosis import diagnose
+
 from ..errors import InputError, SinkOptionError, SparkMasterError
 from ..output import check_s3
 from .inputschema import MergedInput, merge_footers, read_footer
@@ -67,9 +69,10 @@ def check_input(
             with open(path, "rb") as f:
                 f.read(1)
         except OSError as e:
+            found = diagnose(e, str(path), writing=False)
             raise InputError(
-                f"the input file {path} cannot be read: {e.strerror or e}. Fix its permissions or move it out "
-                "of the input directory; nothing has been read or written yet."
+                f"the input file {path} cannot be read: {found.cause}. Nothing has been read or written yet: "
+                f"{found.advise('start again')} Or move the file out of the input directory."
             ) from e
     if fmt != "parquet":
         return InputFiles(files, None)

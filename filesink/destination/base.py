@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from logstore.diagnosis import told
+
 from ..errors import TableCommitFailedError, TableCommitUnknownError, TableFormatError
 
 if TYPE_CHECKING:
@@ -224,8 +226,9 @@ class Destination(ABC):
             return
         raise TableCommitFailedError(
             f"the commit of {len(names)} files ({', '.join(names)}) to the {self.name} did not land: "
-            f"{type(error).__name__}: {error}. The files stay pending: the next start, or filesink recover apply, "
-            f"commits them once. If another writer commits to this table, make sure it leaves {leave_alone} alone."
+            f"{type(error).__name__}: {told(error)}. The files stay pending: the next start, or filesink recover "
+            f"apply, commits them once. If another writer commits to this table, make sure it leaves {leave_alone} "
+            "alone."
         ) from error
 
     def maintain(self) -> None:

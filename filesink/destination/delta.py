@@ -44,6 +44,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
+from logstore.diagnosis import Kind, diagnose, told
 from logstore.storage import PutAnswer
 
 from ..errors import TableCommitFailedError, TableFormatError
@@ -389,9 +390,15 @@ class DeltaDestination(Destination):
         return self._table
 
     def _cannot_create(self, error: Exception) -> TableCommitFailedError:
+        found = diagnose(error, self.output.url)
+        advice = (
+            found.advise("start again", first=True)
+            if found.kind is not Kind.OTHER
+            else "Check the table path and its storage's permissions."
+        )
         return TableCommitFailedError(
-            f"cannot create the {self.name}: {error}. Nothing was committed; the files stay pending and the next "
-            "start commits them. Check the table path and its storage's permissions."
+            f"cannot create the {self.name}: {told(error)}. Nothing was committed; the files stay pending and the "
+            f"next start commits them. {advice}"
         )
 
     def _create_entry(self, schema: pa.Schema) -> bool:

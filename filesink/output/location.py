@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from logstore.diagnosis import diagnose
 from logstore.storage import is_local, open_filesystem
 
 from ..errors import SinkOptionError
@@ -98,11 +99,12 @@ class OutputLocation:
                 remove_if_empty(staging)
                 return moved
             remove_if_empty(inside)
+        found = diagnose(error, str(error.filename or root))
         raise SinkOptionError(
             f"the output directory {root}: a temp file in the staging directory {staging} cannot be renamed into it "
-            f"({error.strerror or error}), and the sink publishes every local file that way. Nothing was written. "
+            f"({found.cause}), and the sink publishes every local file that way. Nothing was written. "
             + (
-                "The output must be writable: check its permissions and that its file system is mounted read-write."
+                f"The output must be writable: {found.advise('start again')}"
                 if error.errno != errno.EXDEV
                 else f"The staging directory must be on the output's own file system and mount; {staging} is not "
                 "(is something mounted there?)."

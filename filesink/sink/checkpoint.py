@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from logstore.diagnosis import told
 from logstore.storage import open_filesystem
 
 from ..errors import SinkOptionError
@@ -42,9 +43,9 @@ def checkpoint_query_id(location: str, storage_options: Mapping[str, Any]) -> st
         ) from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise SinkOptionError(
-            f"could not read the query id from {path} (checkpoint_location {location}): {e}. Nothing was written. "
-            "Check that checkpoint_location is the query's checkpointLocation and readable with the sink's "
-            "storage_options."
+            f"could not read the query id from {path} (checkpoint_location {location}): {told(e)}. Nothing was "
+            "written. Check that checkpoint_location is the query's checkpointLocation and readable with the "
+            "sink's storage_options."
         ) from None
     if not isinstance(query_id, str) or not query_id:
         raise SinkOptionError(f"{path} (checkpoint_location {location}) holds no query id: {text[:200]!r}")

@@ -19,6 +19,7 @@ from typing import Any
 
 from logstore import NOTHING, STATE_DB_NAME, GivenUp, LogLocation, LogStore
 from logstore.conditional import probe_conditional_create, require_conditional_create
+from logstore.diagnosis import diagnose
 from logstore.home import CLAIM_FILE
 from logstore.storage import is_local
 from recovery.startup import RecoveryPlan, recover_at_start
@@ -100,9 +101,10 @@ class SinkStart(SinkCore):
         try:
             self._state_lock = StateLock(state)
         except OSError as e:
+            found = diagnose(e, str(state))
             raise SinkOptionError(
-                f"state_dir {state} cannot be written ({e.strerror or e}): the sink keeps its lock and state database "
-                "there. Make it writable by the user that runs the query (filesink recover status reads it as it is)."
+                f"state_dir {state} cannot be written ({found.cause}): the sink keeps its lock and state database "
+                f"there (filesink recover status reads it as it is). {found.advise('start again', first=True)}"
             ) from e
         try:
             self._output = OutputLocation.of_sink(self.path, options, state).checked()  # before any state is made

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from logstore import VNODE_COLUMN
+from logstore.diagnosis import told
 
 from ..output.limits import KeyLimits
 from ..schema.conform import SchemaConformError, conform, file_schema
@@ -66,9 +67,9 @@ class Admission:
                     batch = conform(batch, schema, where, keep=(VNODE_COLUMN,))
                 except SchemaConformError as e:
                     raise Refusal(
-                        f"{e}. The sink writes one schema, recorded with its first batch: make the query produce "
-                        "that type again (cast the column in the query), or write the changed schema to a new "
-                        "sink (new state directory, log store and output)"
+                        f"{told(e)}. The sink writes one schema, recorded with its first batch: make the query "
+                        "produce that type again (cast the column in the query), or write the changed schema to a "
+                        "new sink (new state directory, log store and output)"
                     ) from e
             if self.partition_by and self.limits is not None:
                 try:
