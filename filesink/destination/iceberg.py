@@ -103,6 +103,8 @@ from pyiceberg.types import DecimalType, IcebergType, ListType, MapType, StructT
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
+from logstore.diagnosis import told
+
 from ..errors import TableCommitFailedError, TableFormatError
 from ..schema.evolution import upgradable
 from .base import Destination, TableFormat, held_files, marks_of, s3_settings
@@ -622,7 +624,7 @@ class IcebergDestination(Destination):
                 table = self._read("read the table before a commit")
             except OSError as e:
                 raise TableCommitFailedError(
-                    f"{e}. Nothing was committed; the files stay pending and the next start commits them."
+                    f"{told(e)}. Nothing was committed; the files stay pending and the next start commits them."
                 ) from e
             reach = self.reach(table) if table is not None else {}
             held = held_files(files, reach, self.name)
