@@ -166,7 +166,23 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
         options["skip_instance_cache"] = True  # fsspec's shared instances keep the default
     fs, root = fsspec.core.url_to_fs(url, **options)
     fs.retries = attempts
+    _no_expect_continue(fs)
     return fs, root
+
+
+def _no_expect_continue(fs: Any) -> None:
+    """Make ``fs``'s S3 client send an upload's body without asking the server first (``Expect: 100-continue``,
+    which botocore adds to every upload of a file-like body). aiohttp waits for the server's ``100 Continue``
+    with no time limit: an S3 server that accepts connections and never answers would hold an upload, and the
+    sink, for ever, where with the body sent the read timeout (:data:`S3_READ_TIMEOUT`) ends it. The client is made
+    here, once per file system instance (fsspec shares instances), and nothing is sent."""
+    from botocore.handlers import add_expect_header
+
+    if getattr(fs, "_filesink_no_expect", False):
+        return
+    fs.connect()
+    fs.s3.meta.events.unregister("before-call.s3", add_expect_header)
+    fs._filesink_no_expect = True
 
 
 @dataclass(frozen=True)

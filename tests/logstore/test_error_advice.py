@@ -15,6 +15,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pytest
 from faultproxy import FaultProxy
 from mounts import bind, tmpfs, without_dac
-from s3servers import free_port
+from s3servers import SilentServer, free_port
 
 from filesink.demo.s3server import S3Settings
 from filesink.errors import SinkOptionError
@@ -108,6 +109,22 @@ def test_an_append_the_s3_server_never_answers_names_the_endpoint(through_proxy,
     fault_proxy.inject("timeout", "PutObject")  # the proxy takes the request and holds it unanswered
     message = str(append_error(url, options))
     assert_network_advice(message, fault_proxy.endpoint)
+    assert "Read timeout on endpoint URL" in message, message
+
+
+@pytest.mark.timeout(60)
+def test_an_append_to_an_endpoint_that_accepts_and_never_answers_ends_at_the_read_timeout():
+    """A server that takes the connection and never says a word (no ``100 Continue`` either): the upload is not
+    held for ever waiting to be told to send its body (botocore's ``Expect: 100-continue``, which aiohttp waits on
+    with no time limit); it is sent, and the read timeout ends the call."""
+    with SilentServer() as silent:
+        options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": silent.endpoint}}
+        options["config_kwargs"] = quick()
+        started = time.monotonic()
+        message = str(append_error("s3://bucket/log", options, rows(20_000, "y" * 100)))  # a 2 MB body
+        assert time.monotonic() - started < 30, message
+        assert silent.connections >= 1
+    assert_network_advice(message, silent.endpoint)
     assert "Read timeout on endpoint URL" in message, message
 
 
