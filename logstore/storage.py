@@ -81,7 +81,8 @@ def storage_error(what: str, e: BaseException, location: str = "s3://") -> OSErr
     turns the check off (:func:`logstore.diagnosis.diagnose`; ``location`` is the URL the call was about). The
     cause and its kind are recorded on the error (:func:`logstore.diagnosis.record`), for callers that wrap it."""
     errno = getattr(e, "errno", None)
-    found = diagnose(e, location, kind=_client_kind(e))
+    reading = what.startswith(("cannot read", "cannot list", "cannot open", "cannot find"))
+    found = diagnose(e, location, kind=_client_kind(e), writing=not reading)
     message = f"{what}: {found.cause}"
     made: OSError
     if found.kind is Kind.UNREACHABLE:
@@ -92,9 +93,18 @@ def storage_error(what: str, e: BaseException, location: str = "s3://") -> OSErr
         made = PermissionError(f"{message}. {found.advise(first=True)}")
     elif found.kind is Kind.CHECKSUM:
         made = OSError(f"{message}. {found.advise(first=True)}")
+    elif found.kind in TOLD_WITH_ADVICE and errno is not None:  # a refusal, a missing bucket, a skewed clock, ...
+        made = OSError(errno, f"{message}. {found.advise(first=True)}")
+    elif found.kind in TOLD_WITH_ADVICE:
+        made = OSError(f"{message}. {found.advise(first=True)}")
     else:
         made = OSError(errno, message) if errno is not None else OSError(message)
     return record(made, found.cause, kind=found.kind, note=found.note, what=what)
+
+
+TOLD_WITH_ADVICE = (Kind.PERMISSION, Kind.CLOCK, Kind.NO_BUCKET, Kind.SERVER)
+"""The kinds of S3 answers whose error says what to do (the keys, the clock, the bucket, the server): a caller
+that wraps it tells the cause alone (:func:`logstore.diagnosis.told`) and its own advice."""
 
 
 def _client_kind(e: BaseException) -> Kind | None:

@@ -150,6 +150,21 @@ def test_an_append_with_the_wrong_secret_says_to_check_the_keys(s3_server, s3_pr
     assert "disk" not in message, message
 
 
+def test_a_sink_started_with_an_unknown_key_says_to_check_the_keys(s3_server, s3_prefix, tmp_path):
+    """The sink's first read of its output (the claim), refused for a key the server does not know: the error says
+    what to check, for a read, before anything is written."""
+    from filesink import ExactlyOnceParquetSink
+
+    options = {**s3_server.storage_options(), "key": "AKIAUNKNOWN0", "config_kwargs": quick()}
+    with pytest.raises(OSError) as refused:
+        ExactlyOnceParquetSink(s3_prefix + "/out", tmp_path / "state", storage_options=options)
+    message = str(refused.value)
+    assert_one_clause_each(message)
+    assert message.startswith(f"cannot read {s3_prefix}/out/_filesink.json: "), message
+    assert "Check the access key and secret the sink uses, and that the bucket's policy lets them read" in message
+    assert "disk" not in message, message
+
+
 @pytest.mark.timeout(60)
 def test_an_append_to_a_missing_bucket_says_to_create_it(moto_server):
     """On moto's server (SeaweedFS creates a bucket that a PUT names)."""
