@@ -6,6 +6,10 @@ What a user met: a local Maven repository (``~/.m2``) holding a dependency's pom
 resolver (``spark.jars.packages``) reads that repository first and stops on it; the run's own fetch reads Maven
 Central only, into a cache of its own, and goes on. The JVMs' home is pointed at a directory holding such a pom
 (``JAVA_TOOL_OPTIONS=-Duser.home=...``), and the run's cache is empty, so that the fetch really resolves.
+
+In the chaos tier (about 90 s, a resolution from Maven Central each time): the default tier's Kafka runs fetch the
+source the same way (``test_kafka.py``), and ``tests/filesink/cli/test_kafka_jars.py`` checks in seconds, against a
+repository served on loopback, that the fetch reads no local Maven repository.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def _run(tmp_path: Path, broker: KafkaBroker, *extra: str, env: dict[str, str]) 
     return done.returncode, done.stdout + done.stderr
 
 
+@pytest.mark.chaos
 def test_the_kafka_source_is_fetched_past_a_broken_local_maven_repository(tmp_path: Path, broker: KafkaBroker) -> None:
     broker.create_topic("events", 2)
     written = [(f"k{i % 7}", f"v{i}") for i in range(300)]
