@@ -49,3 +49,10 @@ echo "==> installing the project${1:-} into $venv"
 "$venv/bin/python" -m pip install --quiet --editable "$repo${1:-}"
 export PATH="$venv/bin:$PATH"
 cd "$repo"
+if [ "${1:-}" != "[kafka]" ]; then
+    spark_version="$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')"
+    if [ "$spark_version" != "4.1.1" ]; then
+        echo "    (pyspark $spark_version here has no Kafka source on Maven Central: for 'filesink run --format kafka'," \
+            "bash scripts/kafka.sh sets up .venv-kafka with pyspark 4.1.1, docs/kafka.md)"
+    fi
+fi

@@ -70,7 +70,9 @@ def free_port() -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Whether nothing listens on ``port`` (connections of a broker just stopped, in TIME_WAIT, do not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
