@@ -35,6 +35,8 @@ START_DEADLINE = 120.0
 TOOL_DEADLINE = 120.0
 """Seconds for one of Kafka's tools (a JVM start and a request)."""
 STOP_DEADLINE = 30.0
+PRODUCER_STOP_DEADLINE = 300.0
+"""Seconds for the producer to send the events it holds when it is stopped (its JVM may still be starting)."""
 CLUSTER_ID = "ZmlsZXNpbmtrYWZrYTAwMA"
 """The KRaft cluster id the storage is formatted with (any 22 base64 characters)."""
 
@@ -130,16 +132,16 @@ class KafkaBroker:
 
     def producer(self, topic: str, *properties: str) -> subprocess.Popen[str]:
         """Kafka's console producer into ``topic``, reading ``key<TAB>value`` lines from its stdin, each
-        acknowledged by the broker (``acks=all``)."""
+        acknowledged by the broker (``acks=all``); what it says goes to ``producer.log`` in the broker's directory
+        (a pipe nobody reads would fill, and stop it)."""
         command = self.tool_command(
             "org.apache.kafka.tools.ConsoleProducer",
             *("--topic", topic, "--property", "parse.key=true", "--property", "key.separator=\t"),
             *("--producer-property", "acks=all", "--producer-property", "linger.ms=5"),
             *(a for p in properties for a in ("--producer-property", p)),
         )
-        return subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        with (self.directory / "producer.log").open("ab") as log:
+            return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True)
 
     def stop(self) -> None:
         """Stop the broker: SIGTERM (it closes its logs cleanly), then SIGKILL after :data:`STOP_DEADLINE`."""
@@ -236,12 +238,12 @@ def events(first: int, count: int, rng: random.Random) -> list[tuple[str, str]]:
 
 
 class Producing:
-    """Generated events written into ``topic`` at ``rate`` records a second, from a thread, until :meth:`stop`;
-    ``written`` counts those handed to the producer."""
+    """Generated events handed to Kafka's console producer for ``topic`` at ``rate`` a second, from a thread, until
+    :meth:`stop`; ``handed`` counts them (the broker's end offsets say how many it holds)."""
 
     def __init__(self, broker: KafkaBroker, topic: str, rate: int, first: int = 0) -> None:
         self.process = broker.producer(topic)
-        self.rate, self.written, self.first = rate, 0, first
+        self.rate, self.handed, self.first = rate, 0, first
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name="kafka-broker-producer", daemon=True)
@@ -254,30 +256,32 @@ class Producing:
         tick = 0.1
         started = time.monotonic()
         while not self._stop.is_set():
-            due = int((time.monotonic() - started) * self.rate) - self.written
+            due = int((time.monotonic() - started) * self.rate) - self.handed
             if due > 0:
-                lines = "".join(f"{k}\t{v}\n" for k, v in events(self.first + self.written, due, rng))
+                lines = "".join(f"{k}\t{v}\n" for k, v in events(self.first + self.handed, due, rng))
                 try:
                     stdin.write(lines)
                     stdin.flush()
                 except (BrokenPipeError, OSError) as e:
                     self.error = f"the producer ended ({e})"
                     return
-                self.written += due
+                self.handed += due
             self._stop.wait(tick)
 
-    def stop(self) -> None:
-        """Stop writing; the producer sends what it holds and ends (killed after :data:`STOP_DEADLINE`)."""
+    def stop(self) -> int | None:
+        """Stop handing events; the producer sends what it holds and ends: its exit code, or None when it was
+        killed after :data:`PRODUCER_STOP_DEADLINE`."""
         self._stop.set()
         self._thread.join(STOP_DEADLINE)
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
         try:
-            self.process.wait(STOP_DEADLINE)
+            return self.process.wait(PRODUCER_STOP_DEADLINE)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(STOP_DEADLINE)
+            return None
 
 
 def end_offsets(broker: KafkaBroker, topic: str) -> dict[int, int]:
@@ -335,18 +339,39 @@ def serve(
                 out(f"error: the Kafka broker ended (exit {broker.process.returncode}); the end of its log:\n{log}")
                 return 1
             if producing is not None and producing.error:
-                said = producing.process.stderr.read()[-2000:] if producing.process.stderr else ""
-                out(f"error: {producing.error}: {said}")
+                out(f"error: {producing.error}; the end of its log:\n{_tail(directory / 'producer.log')}")
                 return 1
         return 0
     finally:
-        written = 0
-        if producing is not None:
-            producing.stop()
-            written = producing.written
+        extra = ""
+        if producing is not None and broker is not None:
+            extra = _stop_producing(producing, broker, topics[0], out)
         if broker is not None:
             broker.stop()
-            extra = f"; {written:,} events written into {topics[0]}" if producing is not None else ""
             out(f"stopped: the Kafka broker on {broker.bootstrap}{extra}; its data stays in {directory}")
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _stop_producing(producing: Producing, broker: KafkaBroker, topic: str, out: Callable[[str], None]) -> str:
+    """Stop the producer and count, from the broker's end offsets, the events this start wrote: the words the
+    ``stopped:`` line says them with; a warning when the broker holds fewer than were handed to the producer."""
+    out(
+        f"stopping: the producer sends the {producing.handed:,} events it was handed "
+        f"(up to {PRODUCER_STOP_DEADLINE:.0f} s)"
+    )
+    code = producing.stop()
+    if broker.process.poll() is not None:
+        return f"; {producing.handed:,} events handed to the producer, not counted (the broker had ended)"
+    try:
+        held = sum(end_offsets(broker, topic).values())
+    except KafkaBrokerError as e:
+        return f"; {producing.handed:,} events handed to the producer, not counted ({e})"
+    written = held - producing.first
+    if written < producing.handed:
+        how = "was killed" if code is None else f"ended with exit {code}"
+        out(
+            f"warning: {producing.handed - written:,} of the {producing.handed:,} events handed to the producer are "
+            f"not in {topic} (the producer {how}; its log: {broker.directory / 'producer.log'})"
+        )
+    return f"; {written:,} events written into {topic} ({held:,} in it)"
