@@ -133,7 +133,8 @@ class KafkaBroker:
     def producer(self, topic: str, *properties: str) -> subprocess.Popen[str]:
         """Kafka's console producer into ``topic``, reading ``key<TAB>value`` lines from its stdin, each
         acknowledged by the broker (``acks=all``); what it says goes to ``producer.log`` in the broker's directory
-        (a pipe nobody reads would fill, and stop it)."""
+        (a pipe nobody reads would fill, and stop it). It runs in a session of its own, so that a Ctrl-C or SIGTERM
+        to the command's process group does not end it before it sent what it was handed."""
         command = self.tool_command(
             "org.apache.kafka.tools.ConsoleProducer",
             *("--topic", topic, "--property", "parse.key=true", "--property", "key.separator=\t"),
@@ -141,7 +142,16 @@ class KafkaBroker:
             *(a for p in properties for a in ("--producer-property", p)),
         )
         with (self.directory / "producer.log").open("ab") as log:
-            return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True)
+            return (
+                subprocess.Popen(  # a session of its own: a Ctrl-C to the terminal's group is the command's to act on
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
 
     def stop(self) -> None:
         """Stop the broker: SIGTERM (it closes its logs cleanly), then SIGKILL after :data:`STOP_DEADLINE`."""
