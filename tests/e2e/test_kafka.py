@@ -23,10 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 from helpers import kill, wait_until
-from kafka_env import KafkaBroker, kafka_home, start_broker
+from kafka_env import KafkaBroker, kafka_home, output_rows, start_broker
 from metrics_scrape import sink_samples
 from spark_engines import engines_or_skip
 
@@ -134,11 +133,7 @@ def _commits(checkpoint: Path) -> int:
 
 
 def _output(tmp_path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for path in sorted((tmp_path / "out").rglob("*.parquet")):
-        if not any(part.startswith((".", "_")) for part in path.relative_to(tmp_path / "out").parts):
-            rows += pq.read_table(path).to_pylist()
-    return rows
+    return output_rows(tmp_path / "out")
 
 
 def _check_exactly_once(rows: list[dict[str, Any]], broker: KafkaBroker, topic: str, written: list[tuple[str, str]]):

@@ -14,9 +14,9 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from helpers import communicate, kill, wait_for_line, wait_until
+from kafka_env import output_rows
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1800)]
 
@@ -32,12 +32,17 @@ def _env() -> dict[str, str]:
     }
 
 
-def _rows(out: Path) -> list[dict]:
-    rows: list[dict] = []
-    for path in sorted(out.rglob("*.parquet")):
-        if not any(part.startswith((".", "_")) for part in path.relative_to(out).parts):
-            rows += pq.read_table(path).to_pylist()
-    return rows
+def _broker(filesink: str, clone: Path, *args: str) -> subprocess.Popen[str]:
+    """``filesink kafka-broker ARGS`` in the clone, its output on a pipe, in a process group of its own."""
+    return subprocess.Popen(
+        [filesink, "kafka-broker", *args],
+        cwd=clone,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_from_a_fresh_clone_to_every_event_once(tmp_path: Path) -> None:
@@ -50,15 +55,7 @@ def test_from_a_fresh_clone_to_every_event_once(tmp_path: Path) -> None:
     assert "==> ready: .venv-kafka (pyspark 4.1.1)" in setup.stdout, setup.stdout[-3000:]
     filesink = str(clone / ".venv-kafka" / "bin" / "filesink")
 
-    broker = subprocess.Popen(
-        [filesink, "kafka-broker", "--port", "0", "--produce", "300"],
-        cwd=clone,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    broker = _broker(filesink, clone, "--port", "0", "--produce", "300")
     try:
         line = wait_for_line(broker, lambda x: x.startswith("kafka broker: listening on"), 300, "the broker", skip=True)
         bootstrap = re.search(r"listening on (\S+)", line).group(1)  # type: ignore[union-attr]
@@ -86,15 +83,7 @@ def test_from_a_fresh_clone_to_every_event_once(tmp_path: Path) -> None:
         os.killpg(broker.pid, signal.SIGTERM)  # the producer flushes; the broker stops
         said, _ = communicate(broker, 120, "the broker to stop")
         written = int(re.search(r"([\d,]+) events written", said).group(1).replace(",", ""))  # type: ignore[union-attr]
-        broker = subprocess.Popen(
-            [filesink, "kafka-broker", "--port", bootstrap.rsplit(":", 1)[1], "--produce", "0"],
-            cwd=clone,
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        broker = _broker(filesink, clone, "--port", bootstrap.rsplit(":", 1)[1], "--produce", "0")
         wait_for_line(broker, lambda x: x.startswith("topic events: there already"), 300, "the broker", skip=True)
         last = subprocess.run(
             [*run, "--available-now"], cwd=clone, env=_env(), capture_output=True, text=True, timeout=RUN_DEADLINE
@@ -104,6 +93,6 @@ def test_from_a_fresh_clone_to_every_event_once(tmp_path: Path) -> None:
         if broker.poll() is None:
             os.killpg(broker.pid, signal.SIGTERM)
             communicate(broker, 120, "the broker to stop")
-    rows = _rows(clone / "kafka-out")
+    rows = output_rows(clone / "kafka-out")
     assert Counter(r["seq"] for r in rows) == Counter(range(written))
     assert len({(r["partition"], r["offset"]) for r in rows}) == len(rows) == written

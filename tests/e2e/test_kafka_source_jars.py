@@ -20,10 +20,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 from engines_env import cache_root
-from kafka_env import KafkaBroker, kafka_home, start_broker
+from kafka_env import KafkaBroker, kafka_home, output_rows, start_broker
 from spark_engines import engines_or_skip
 
 pytestmark = pytest.mark.timeout(1200)
@@ -99,10 +98,7 @@ def test_the_kafka_source_is_fetched_past_a_broken_local_maven_repository(tmp_pa
         "spark-sql-kafka-0-10_2.13",
         "spark-token-provider-kafka-0-10_2.13",
     ]  # what pyspark ships (slf4j-api among them) is not fetched again
-    rows = []
-    for path in sorted((tmp_path / "out").rglob("*.parquet")):
-        if not any(part.startswith((".", "_")) for part in path.relative_to(tmp_path / "out").parts):
-            rows += pq.read_table(path).to_pylist()
+    rows = output_rows(tmp_path / "out")
     assert Counter((r["key"], r["value"]) for r in rows) == Counter(written)
     assert Counter((r["partition"], r["offset"]) for r in rows) == Counter(
         (p, o) for p, end in broker.end_offsets("events").items() for o in range(end)

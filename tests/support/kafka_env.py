@@ -11,6 +11,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from filesink.demo import kafka_broker
 from filesink.errors import FileSinkError
@@ -77,3 +78,15 @@ def start_broker(jars: tuple[Path, ...], directory: Path) -> KafkaBroker:
     """A broker whose storage is in ``directory``, on a free loopback port; returns once it listens."""
     started = kafka_broker.start_broker(directory, 0, jars)
     return KafkaBroker(started.jars, started.directory, started.port, started.process)
+
+
+def output_rows(out: Path) -> list[dict[str, Any]]:
+    """Every row of the Parquet files under ``out`` a reader of the directory sees (names starting with ``.`` or
+    ``_`` are not the output's)."""
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for path in sorted(out.rglob("*.parquet")):
+        if not any(part.startswith((".", "_")) for part in path.relative_to(out).parts):
+            rows += pq.read_table(path).to_pylist()
+    return rows
