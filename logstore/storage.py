@@ -73,16 +73,16 @@ LIMITS_HINT = (
 ).format(read=S3_READ_TIMEOUT, connect=S3_CONNECT_TIMEOUT, retries=S3_RETRIES["max_attempts"])
 
 
-def storage_error(what: str, e: BaseException, location: str = "s3://") -> OSError:
+def storage_error(what: str, e: BaseException, location: str = "s3://", *, writing: bool = True) -> OSError:
     """``e`` (what a storage client raised, after its retries) as an ``OSError`` saying ``what`` failed; the
     built-in subclass of its errno (``OSError(errno, ...)`` gives ``PermissionError``, ``TimeoutError``, ...).
     A timeout or a connection that failed is a ``TimeoutError`` that says what to check and which storage options
     set the limits; missing credentials say what to set, and a checksum the server got wrong which storage option
     turns the check off (:func:`logstore.diagnosis.diagnose`; ``location`` is the URL the call was about). The
-    cause and its kind are recorded on the error (:func:`logstore.diagnosis.record`), for callers that wrap it."""
+    cause and its kind are recorded on the error (:func:`logstore.diagnosis.record`), for callers that wrap it.
+    ``writing``: the call wrote or deleted (else it read, listed or checked), for the advice of a refusal."""
     errno = getattr(e, "errno", None)
-    reading = what.startswith(("cannot read", "cannot list", "cannot open", "cannot find"))
-    found = diagnose(e, location, kind=_client_kind(e), writing=not reading)
+    found = diagnose(e, location, kind=_client_kind(e), writing=writing)
     message = f"{what}: {found.cause}"
     made: OSError
     if found.kind is Kind.UNREACHABLE:
@@ -102,6 +102,8 @@ def storage_error(what: str, e: BaseException, location: str = "s3://") -> OSErr
     return record(made, found.cause, kind=found.kind, note=found.note, what=what)
 
 
+WRITING_REQUESTS = ("put", "delete")
+"""The request kinds (:mod:`logstore.requestcounts`) that change the store; the others read it."""
 TOLD_WITH_ADVICE = (Kind.PERMISSION, Kind.CLOCK, Kind.NO_BUCKET, Kind.SERVER)
 """The kinds of S3 answers whose error says what to do (the keys, the clock, the bucket, the server): a caller
 that wraps it tells the cause alone (:func:`logstore.diagnosis.told`) and its own advice."""
@@ -601,7 +603,8 @@ class FsspecStorage:
             if not is_storage_error(e):
                 raise
             requestcounts.count(store, kind, "errors")
-            raise storage_error(f"cannot {action} {self.display(relpath)}", e, self.display(relpath)) from e
+            where = self.display(relpath)
+            raise storage_error(f"cannot {action} {where}", e, where, writing=kind in WRITING_REQUESTS) from e
 
     def write(self, relpath: str, parts: Iterable[Bytes]) -> int:
         data = b"".join(parts)

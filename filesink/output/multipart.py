@@ -282,7 +282,7 @@ def list_uploads(
                     "find and abort uploads that a killed writer left. Use an S3 server that supports it (see "
                     "the server matrix in docs/testing.md)."
                 ) from e
-            raise storage_error(f"cannot list the multipart uploads under {where}", e) from e
+            raise storage_error(f"cannot list the multipart uploads under {where}", e, writing=False) from e
         found += [
             (u["Key"], u["UploadId"])
             for u in page.get("Uploads") or []

@@ -44,7 +44,7 @@ def list_objects(output: OutputLocation, what: str = "the output", *, file: str 
     except FileNotFoundError:
         return []
     except OSError as e:
-        raise storage_error(f"{what}: cannot list {output.url} for its objects", e) from e
+        raise storage_error(f"{what}: cannot list {output.url} for its objects", e, writing=False) from e
     for path, info in listing.items():
         if info.get("type") == "directory" or not path.startswith(prefix + "/"):
             continue
