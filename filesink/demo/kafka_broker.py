@@ -326,15 +326,17 @@ def serve(
             f"{directory / 'broker.log'})"
         )
         have = set(broker.topics())
+        held = 0  # the events the first topic holds: the generated ones are numbered on from there
         for topic in topics:
             if topic in have:
-                out(f"topic {topic}: there already ({len(end_offsets(broker, topic))} partitions)")
+                ends = end_offsets(broker, topic)
+                held = sum(ends.values()) if topic == topics[0] else held
+                out(f"topic {topic}: there already ({len(ends)} partitions)")
             else:
                 broker.create_topic(topic, partitions)
                 out(f"topic {topic}: created with {partitions} partitions")
         if rate and topics:
-            first = sum(end_offsets(broker, topics[0]).values())
-            producing = Producing(broker, topics[0], rate, first=first)
+            producing = Producing(broker, topics[0], rate, first=held)
             out(f"producing {rate:,} generated events a second into {topics[0]} (JSON: {SCHEMA}; keyed by user_id)")
         out(
             "stream them, in another terminal:\n"
